@@ -1,0 +1,148 @@
+#pragma once
+// Helpers every torch-facing operator wrapper uses: input checks whose messages
+// start with the operator's name and show the offending value, the dtype
+// mapping for the pure-CUDA launchers, a CPU loop, and kernel registration for
+// every backend the build has.
+//
+// Minimal headers on purpose: ATen/core/Tensor.h + torch/library.h compile in a
+// fraction of the time torch/extension.h takes (DESIGN.md: 6 s vs 24 s per file
+// on 2 cores).
+
+#include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "opforge/dtype.h"
+
+namespace opforge {
+
+// Python's spelling of a dtype, so a message reads "got torch.int32" as the
+// user wrote it rather than c10's "Int".
+inline std::string dtype_name(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return "torch.float32";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kDouble: return "torch.float64";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(st);
+  }
+}
+
+inline DType to_dtype(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return DType::Float32;
+    case at::kHalf: return DType::Float16;
+    case at::kBFloat16: return DType::BFloat16;
+    default: return DType::Float64;  // callers ran check_floating first
+  }
+}
+
+inline void check_defined(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+}
+
+inline void check_floating(const char* op, const char* name, const at::Tensor& t) {
+  check_defined(op, name, t);
+  const auto st = t.scalar_type();
+  TORCH_CHECK_TYPE(
+      st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble, op, ": ",
+      name, " must be float32, float16, bfloat16 or float64, got ", dtype_name(st));
+}
+
+// Same device, dtype and shape: what every elementwise operator of two or more
+// tensors asks. No broadcasting: a shape mismatch is almost always a bug in
+// the caller, and silent broadcasting would hide it.
+inline void check_same(const char* op, const char* name_a, const at::Tensor& a, const char* name_b,
+                       const at::Tensor& b) {
+  check_defined(op, name_b, b);
+  TORCH_CHECK(a.device() == b.device(), op, ": ", name_a, " and ", name_b,
+              " must be on the same device, got ", a.device(), " and ", b.device());
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), op, ": ", name_a, " and ", name_b,
+                   " must have the same dtype, got ", dtype_name(a.scalar_type()), " and ",
+                   dtype_name(b.scalar_type()));
+  TORCH_CHECK(a.sizes() == b.sizes(), op, ": ", name_a, " and ", name_b,
+              " must have the same shape, got ", a.sizes(), " and ", b.sizes());
+}
+
+// An out= tensor must match the result exactly and must not share memory with
+// an input: the kernels read and write in an order that only holds for
+// disjoint buffers, so an overlap would be a silent wrong answer.
+inline void check_out(const char* op, const at::Tensor& out, const at::Tensor& like,
+                      std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
+  check_defined(op, "out", out);
+  TORCH_CHECK(out.device() == like.device(), op, ": out must be on ", like.device(), ", got ",
+              out.device());
+  TORCH_CHECK_TYPE(out.scalar_type() == like.scalar_type(), op, ": out must have dtype ",
+                   dtype_name(like.scalar_type()), ", got ", dtype_name(out.scalar_type()));
+  TORCH_CHECK(out.sizes() == like.sizes(), op, ": out must have shape ", like.sizes(), ", got ",
+              out.sizes());
+  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, op,
+              ": out has elements that share memory (strides ", out.strides(),
+              "); pass a tensor with distinct elements");
+  for (const auto& [name, input] : inputs) {
+    // Different storages cannot overlap. Within one storage, ATen answers
+    // TooHard for strided views; we refuse those too rather than guess.
+    const bool shared = out.storage().is_alias_of(input->storage());
+    const auto status = shared ? at::get_overlap_status(out, *input) : at::MemOverlapStatus::No;
+    TORCH_CHECK(status == at::MemOverlapStatus::No, op, ": out shares memory with input ", name,
+                " (storage ", out.storage().data(),
+                "); pass an out tensor that shares no memory with the inputs");
+  }
+}
+
+// A CPU elementwise loop over [0, n): real parallel work through ATen's thread
+// pool, not a call to the matching ATen operator.
+template <typename F>
+inline void parallel_for_each(int64_t n, F&& f) {
+  // 32K elements per task: below that, waking the OpenMP team costs more
+  // than the loop itself on these streaming kernels.
+  constexpr int64_t kGrain = 32768;
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) f(i);
+  });
+}
+
+// Dispatch on the four floating dtypes the operators accept.
+#define OPFORGE_DISPATCH_FLOATING(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
+
+#ifdef OPFORGE_WITH_CUDA
+// The current CUDA stream of the tensor's device, as an opaque pointer for the
+// pure-CUDA launchers (defined in cuda_stream.cpp, the one file of the library
+// that includes c10/cuda headers).
+void* current_cuda_stream(const at::Device& device);
+
+// Launchers return nullptr or the CUDA error string.
+inline void check_launch(const char* op, const char* error) {
+  TORCH_CHECK(error == nullptr, op, ": CUDA kernel failed: ", error);
+}
+#endif
+
+}  // namespace opforge
+
+// Registers one device-agnostic wrapper set, `register_fn(torch::Library&)`,
+// for the CPU and (in a CUDA build) the CUDA dispatch keys, so an operator
+// writes its registrations once.
+#ifdef OPFORGE_WITH_CUDA
+#define OPFORGE_REGISTER_KERNELS(ns, register_fn)          \
+  TORCH_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); }       \
+  TORCH_LIBRARY_IMPL(ns, CUDA, m) { register_fn(m); }
+#else
+#define OPFORGE_REGISTER_KERNELS(ns, register_fn) \
+  TORCH_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); }
+#endif

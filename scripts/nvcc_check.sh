@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Compiles every pure-CUDA kernel file (no torch headers) with plain nvcc for
+# sm_80 and sm_90a, prints ptxas's resource report per kernel, and fails on a
+# compile error or any register spill. Runs on machines without a GPU (CI).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+NVCC=${NVCC:-nvcc}
+command -v "$NVCC" >/dev/null || { echo "nvcc_check: nvcc not found (set NVCC)" >&2; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+status=0
+for cu in csrc/ops/*/*.cu; do
+  log="$out/$(basename "$cu").log"
+  if ! "$NVCC" -std=c++17 -O3 -Icsrc \
+      -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+      -Xptxas -v -c "$cu" -o "$out/$(basename "$cu").o" >"$log" 2>&1; then
+    echo "FAIL $cu: does not compile"; cat "$log"; status=1; continue
+  fi
+  kernels=$(grep -c "Compiling entry function" "$log" || true)
+  max_regs=$(grep -o "Used [0-9]* registers" "$log" | awk '{print $2}' | sort -n | tail -1)
+  spills=$(grep -o "[0-9]* bytes spill stores" "$log" | awk '$1 > 0' | wc -l)
+  if [ "$spills" -gt 0 ]; then
+    echo "FAIL $cu: $spills kernel(s) spill registers"; grep -B2 "[1-9][0-9]* bytes spill stores" "$log"; status=1
+  else
+    echo "ok   $cu: $kernels kernel builds (sm_80, sm_90a), max $max_regs registers, 0 spills"
+  fi
+done
+exit $status

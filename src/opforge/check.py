@@ -1,0 +1,302 @@
+"""``opforge check``: does each operator compute what its spec says, and is it
+registered so that autograd, fake tensors and torch.compile work?
+
+Checks per operator, all read from its spec:
+
+* reference: every sample, every dtype, fresh random data; outputs allocated by
+  the operator are poisoned (NaN) before the run and out= arguments filled with
+  NaN, so an element the kernel never writes is a mismatch; NaN/Inf where the
+  reference is finite count as mismatches; inputs must come back unchanged;
+* opcheck: ``torch.library.opcheck`` with its four test utils;
+* gradcheck: float64 ``torch.autograd.gradcheck`` (differentiable ops only);
+* compile: ``torch.compile(fullgraph=True)`` equal to eager, backward included;
+* bad inputs: each listed bad call raises the listed error, naming the op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from opforge.spec import OpSpec, Sample
+
+CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "compile", "bad inputs")
+
+# gradcheck's numerical Jacobian costs one forward per input element.
+_GRADCHECK_MAX_NUMEL = 1100
+# opcheck runs each sample through several dispatch modes: a few layouts
+# already cover what it tests (schema, fake, autograd registration).
+_OPCHECK_MAX_NUMEL = 4096
+
+
+@dataclass
+class CheckResult:
+    op: str
+    check: str
+    status: str  # "pass", "fail" or "n/a"
+    count: int = 0
+    failures: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "fail"
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    return []
+
+
+def _map_tensors(args: Sequence[Any], fn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Any, ...]:
+    return tuple(fn(a) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """While active, ``torch.empty`` (and ``at::empty`` inside our kernels) fill
+    floating tensors with NaN, so unwritten output elements cannot pass."""
+    import torch.utils.deterministic as det
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """None when ``out`` matches ``ref`` within ``atol + rtol * |ref|``, else what differs."""
+    if out.shape != ref.shape:
+        return f"shape {list(out.shape)} != reference {list(ref.shape)}"
+    if out.numel() == 0:
+        return None
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    err = (o - r).abs()
+    bad = ~(err <= atol + rtol * r.abs())  # NaN compares False: a mismatch
+    both_inf = torch.isinf(o) & torch.isinf(r) & (torch.sign(o) == torch.sign(r))
+    bad &= ~both_inf
+    if not bool(bad.any()):
+        return None
+    n_bad = int(bad.sum())
+    first = int(bad.flatten().nonzero()[0])
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), o.shape)) if o.dim() else ()
+    finite = ~bad | torch.isfinite(o)
+    max_abs = float(err[finite & bad].max()) if bool((finite & bad).any()) else float("nan")
+    rel = err / r.abs().clamp_min(1e-30)
+    max_rel = float(rel[finite & bad].max()) if bool((finite & bad).any()) else float("nan")
+    return (
+        f"{n_bad}/{o.numel()} elements off (atol {atol:g}, rtol {rtol:g}): first at {list(idx)} "
+        f"got {o.flatten()[first].item():.6g} want {r.flatten()[first].item():.6g}; "
+        f"max abs err {max_abs:.3g}, max rel err {max_rel:.3g}"
+    )
+
+
+def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype) -> str | None:
+    """Runs one sample through the operator and the float64 reference; None if they agree."""
+    op = spec.overload
+    mutated = spec.mutated_args
+    args = list(sample.args)
+    for i in mutated:
+        args[i].fill_(float("nan"))
+    inputs_before = [a.clone() if isinstance(a, torch.Tensor) and i not in mutated else None for i, a in enumerate(args)]
+
+    ref_args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) else a for a in args]
+    expected = spec.reference(*ref_args, **sample.kwargs)
+    with poisoned_allocations():
+        got = op(*args, **sample.kwargs)
+
+    pairs = list(zip(_tensors(got), _tensors(expected), strict=False))
+    if len(_tensors(got)) != len(_tensors(expected)):
+        return f"returned {len(_tensors(got))} tensors, reference {len(_tensors(expected))}"
+    pairs += [(args[i], ref_args[i]) for i in mutated]
+    atol, rtol = spec.tolerance(dtype)
+    for k, (o, r) in enumerate(pairs):
+        if o.dtype != dtype:
+            return f"output {k} has dtype {o.dtype}, expected {dtype}"
+        if o.device != args[0].device:
+            return f"output {k} is on {o.device}, expected {args[0].device}"
+        problem = compare(o, r, atol, rtol)
+        if problem:
+            return f"output {k}: {problem}"
+    for i, before in enumerate(inputs_before):
+        if before is not None and not torch.equal(before, args[i]):
+            return f"input {i} was modified by the operator"
+    return None
+
+
+def _sample_label(spec: OpSpec, dtype: torch.dtype, sample: Sample) -> str:
+    return f"{spec.name} {str(dtype).removeprefix('torch.')} [{sample.desc}]"
+
+
+def _first_line(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0] if msg else ''}"
+
+
+def check_reference(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    res = CheckResult(spec.name, "reference", "pass")
+    gen = generator(device, seed)
+    for dtype in spec.dtypes:
+        for sample in spec.samples(device, dtype, gen):
+            res.count += 1
+            try:
+                problem = run_reference(spec, sample, dtype)
+            except Exception as exc:  # noqa: BLE001 - report, keep checking
+                problem = _first_line(exc)
+            if problem:
+                res.failures.append(f"{_sample_label(spec, dtype, sample)}: {problem}")
+    res.status = "fail" if res.failures else "pass"
+    return res
+
+
+def _with_grad(spec: OpSpec, sample: Sample) -> Sample:
+    """The sample with every non-mutated floating input requiring grad (views keep their strides)."""
+    mutated = set(spec.mutated_args)
+    args = tuple(
+        a.detach().requires_grad_() if isinstance(a, torch.Tensor) and i not in mutated and a.is_floating_point() else a
+        for i, a in enumerate(sample.args)
+    )
+    return Sample(args, sample.kwargs, sample.desc)
+
+
+def _small(sample: Sample, limit: int) -> bool:
+    ts = _tensors(sample.args)
+    return all(0 < t.numel() <= limit for t in ts)
+
+
+def _self_overlapping(sample: Sample) -> bool:
+    """True if an input has elements sharing memory (an expanded view):
+    gradcheck cannot perturb those one at a time."""
+    return any(st == 0 and sz > 1 for t in _tensors(sample.args) for st, sz in zip(t.stride(), t.shape, strict=True))
+
+
+def check_opcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    res = CheckResult(spec.name, "opcheck", "pass")
+    gen = generator(device, seed)
+    for dtype in spec.dtypes:
+        samples = [s for s in spec.samples(device, dtype, gen) if _small(s, _OPCHECK_MAX_NUMEL)]
+        if dtype != torch.float32:
+            samples = samples[:2]  # every layout in float32; the dtypes once or twice each
+        for sample in samples:
+            if spec.differentiable:
+                sample = _with_grad(spec, sample)
+            res.count += 1
+            try:
+                torch.library.opcheck(spec.overload, sample.args, dict(sample.kwargs))
+            except Exception as exc:  # noqa: BLE001
+                res.failures.append(f"{_sample_label(spec, dtype, sample)}: {_first_line(exc)}")
+    res.status = "fail" if res.failures else "pass"
+    return res
+
+
+def check_gradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    if not spec.differentiable:
+        return CheckResult(spec.name, "gradcheck", "n/a", note="no autograd formula")
+    res = CheckResult(spec.name, "gradcheck", "pass")
+    gen = generator(device, seed)
+    for sample in spec.samples(device, torch.float64, gen):
+        if not _small(sample, _GRADCHECK_MAX_NUMEL) or _self_overlapping(sample):
+            continue
+        sample = _with_grad(spec, sample)
+        res.count += 1
+        try:
+            ok = torch.autograd.gradcheck(lambda *a, s=sample: spec.overload(*a, **s.kwargs), sample.args)
+            if not ok:
+                res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: gradcheck returned False")
+        except Exception as exc:  # noqa: BLE001
+            res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: {_first_line(exc)}")
+    res.status = "fail" if res.failures else "pass"
+    return res
+
+
+def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """One mid-sized sample through torch.compile(fullgraph=True), forward and
+    (for differentiable ops) backward, equal to eager."""
+    res = CheckResult(spec.name, "compile", "pass")
+    gen = generator(device, seed)
+    sample = next(s for s in spec.samples(device, torch.float32, gen) if _small(s, _OPCHECK_MAX_NUMEL) and _tensors(s.args)[0].dim() >= 2)
+    res.count = 1
+    mutated = spec.mutated_args
+    kwargs = dict(sample.kwargs)
+
+    def run(fn: Callable[..., Any]) -> list[torch.Tensor]:
+        s = _with_grad(spec, sample) if spec.differentiable else Sample(_map_tensors(sample.args, torch.clone), kwargs)
+        out = fn(*s.args)
+        results = _tensors(out) + [s.args[i] for i in mutated]
+        if spec.differentiable:
+            sum(t.sum() for t in _tensors(out)).backward()
+            results += [a.grad for a in s.args if isinstance(a, torch.Tensor) and a.grad is not None]
+        return [r.detach() for r in results]
+
+    def eager(*a: Any) -> Any:
+        return spec.overload(*a, **kwargs)
+
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(eager, fullgraph=True)
+        want, got = run(eager), run(compiled)
+        if len(want) != len(got):
+            res.failures.append(f"{spec.name}: compiled returned {len(got)} tensors, eager {len(want)}")
+        for k, (w, g) in enumerate(zip(want, got, strict=False)):
+            if not torch.equal(w, g):
+                res.failures.append(f"{spec.name} [{sample.desc}]: compiled output {k} differs from eager: {compare(g, w, 0, 0)}")
+    except Exception as exc:  # noqa: BLE001
+        res.failures.append(f"{spec.name} [{sample.desc}]: {_first_line(exc)}")
+    res.status = "fail" if res.failures else "pass"
+    return res
+
+
+def check_bad_inputs(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    res = CheckResult(spec.name, "bad inputs", "pass")
+    for bad in spec.bad_inputs(device):
+        res.count += 1
+        try:
+            spec.overload(*bad.args, **bad.kwargs)
+        except bad.error as exc:
+            if not re.search(bad.match, str(exc)):
+                res.failures.append(f"{spec.name} [{bad.desc}]: message {str(exc).splitlines()[0]!r} does not match {bad.match!r}")
+        except Exception as exc:  # noqa: BLE001
+            res.failures.append(f"{spec.name} [{bad.desc}]: raised {_first_line(exc)}, expected {bad.error.__name__}")
+        else:
+            res.failures.append(f"{spec.name} [{bad.desc}]: did not raise")
+    res.status = "fail" if res.failures else "pass"
+    return res
+
+
+CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] = {
+    "reference": check_reference,
+    "opcheck": check_opcheck,
+    "gradcheck": check_gradcheck,
+    "compile": check_compile,
+    "bad inputs": check_bad_inputs,
+}
+
+
+def check_op(spec: OpSpec, device: torch.device, seed: int, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
+    results = []
+    for name in checks:
+        try:
+            results.append(CHECK_FUNCTIONS[name](spec, device, seed))
+        except Exception:  # noqa: BLE001 - a crash in one check must not hide the others
+            results.append(CheckResult(spec.name, name, "fail", failures=[traceback.format_exc(limit=3)]))
+    return results

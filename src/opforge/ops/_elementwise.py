@@ -1,0 +1,182 @@
+"""Shared pieces of the elementwise specs: random inputs in every layout the
+kernels must handle, the bad inputs every elementwise operator must refuse, and
+fake-kernel checks that mirror the C++ ones (same words, raised at trace time)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from opforge.spec import FLOAT_DTYPES, BadInput, Cost
+
+
+def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """Fresh normal samples (never zeros), drawn in float32 and rounded to ``dtype``."""
+    return torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _layout(
+    desc: str, n: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator, values: Transform | None
+) -> list[torch.Tensor]:
+    """``n`` independent random tensors laid out as ``desc`` says; ``values``
+    maps the random base tensor before the view is taken, so it keeps the layout."""
+
+    def base(*shape: int) -> torch.Tensor:
+        t = randn(shape, dtype, device, gen)
+        return t if values is None else values(t)
+
+    def one() -> torch.Tensor:
+        match desc:
+            case "transposed 33x17":
+                return base(17, 33).t()
+            case "strided [::2] 61":
+                return base(122)[::2]
+            case "offset 1, 1025":  # starts one element past an aligned address
+                return base(1026)[1:]
+            case "expanded 9x31":  # stride 0: every row the same memory
+                return base(1, 31).expand(9, 31)
+            case _:
+                return base(*_SHAPES[desc])
+
+    return [one() for _ in range(n)]
+
+
+_SHAPES: dict[str, tuple[int, ...]] = {
+    "scalar": (),
+    "1": (1,),
+    "59": (59,),
+    "97x3": (97, 3),
+    "7x13x5": (7, 13, 5),
+    "1025": (1025,),
+    # Past one grid's worth of threads on a GPU and several CPU tasks.
+    "2^20+3": (2**20 + 3,),
+    "empty 0": (0,),
+    "empty 3x0": (3, 0),
+}
+LAYOUTS: tuple[str, ...] = (*_SHAPES, "transposed 33x17", "strided [::2] 61", "offset 1, 1025", "expanded 9x31")
+# An out= tensor cannot be expanded: its elements would share memory.
+OUT_LAYOUTS: tuple[str, ...] = tuple(d for d in LAYOUTS if not d.startswith("expanded"))
+
+
+def tensor_samples(
+    n: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    layouts: Sequence[str] = LAYOUTS,
+    values: Transform | None = None,
+) -> Iterator[tuple[str, list[torch.Tensor]]]:
+    """(description, n tensors) for every layout; ``values`` reshapes the
+    distribution (a scale, a sigmoid) without losing the layout."""
+    for desc in layouts:
+        yield desc, _layout(desc, n, dtype, device, gen, values)
+
+
+def like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A fresh random tensor with ``t``'s shape, dtype, device and strides."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32))
+
+
+def bench_sizes(device: torch.device) -> tuple[int, ...]:
+    # CPU sizes stay small enough for CI's two cores; GPU sizes go from
+    # launch-bound (2^16) to several times the 50-60 MB L2 (2^26 float32 = 256 MB).
+    return (2**16, 2**20, 2**24, 2**26) if device.type == "cuda" else (2**16, 2**20, 2**22)
+
+
+def bench_tensors(
+    n_tensors: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator
+) -> Iterator[tuple[str, list[torch.Tensor]]]:
+    for n in bench_sizes(device):
+        yield f"2^{int(math.log2(n))}", [randn((n,), dtype, device, gen) for _ in range(n_tensors)]
+
+
+def streaming_cost(*tensors: torch.Tensor, flops_per_element: int) -> Cost:
+    """Each tensor read or written once; FLOPs per element of the first."""
+    return Cost(bytes=sum(t.numel() * t.element_size() for t in tensors), flops=flops_per_element * tensors[0].numel())
+
+
+# --- checks in fake kernels: the same rules and words as csrc/opforge/common.h ---
+
+_DTYPE_WORDS = "float32, float16, bfloat16 or float64"
+
+
+def expect_floating(op: str, name: str, t: torch.Tensor) -> None:
+    torch._check_type(t.dtype in FLOAT_DTYPES, lambda: f"{op}: {name} must be {_DTYPE_WORDS}, got {t.dtype}")
+
+
+def expect_same(op: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    torch._check(a.device == b.device, lambda: f"{op}: {name_a} and {name_b} must be on the same device, got {a.device} and {b.device}")
+    torch._check_type(a.dtype == b.dtype, lambda: f"{op}: {name_a} and {name_b} must have the same dtype, got {a.dtype} and {b.dtype}")
+    torch._check(
+        a.shape == b.shape, lambda: f"{op}: {name_a} and {name_b} must have the same shape, got {list(a.shape)} and {list(b.shape)}"
+    )
+
+
+def expect_out(op: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    torch._check(out.device == ref.device, lambda: f"{op}: out must be on {ref.device}, got {out.device}")
+    torch._check_type(out.dtype == ref.dtype, lambda: f"{op}: out must have dtype {ref.dtype}, got {out.dtype}")
+    torch._check(out.shape == ref.shape, lambda: f"{op}: out must have shape {list(ref.shape)}, got {list(out.shape)}")
+
+
+# --- bad inputs every elementwise operator must refuse ---
+
+
+def bad_elementwise(op: str, names: Sequence[str], device: torch.device, extra: tuple = ()) -> list[BadInput]:
+    """Integer and complex dtypes, and (with two or more tensors) mismatched
+    dtypes, shapes and devices. ``extra`` is appended to every call's arguments."""
+    qual = f"opforge::{op}"
+    k = len(names)
+
+    def f32(*shape: int, dev: torch.device = device) -> torch.Tensor:
+        return torch.randn(shape, device=dev)
+
+    cases = [
+        BadInput(
+            "int32 input",
+            (torch.arange(4, dtype=torch.int32, device=device), *[f32(4)] * (k - 1), *extra),
+            match=rf"^{qual}: {names[0]} must be {_DTYPE_WORDS}, got torch\.int32",
+            error=TypeError,
+        ),
+        BadInput(
+            "complex input",
+            (torch.randn(4, dtype=torch.complex64, device=device), *[f32(4)] * (k - 1), *extra),
+            match=rf"^{qual}: {names[0]} must be {_DTYPE_WORDS}, got torch\.complex64",
+            error=TypeError,
+        ),
+    ]
+    if k >= 2:
+        a, b = names[0], names[1]
+        rest = [f32(4)] * (k - 2)
+        cases += [
+            BadInput(
+                "dtype mismatch",
+                (f32(4), f32(4).double(), *rest, *extra),
+                match=rf"^{qual}: {a} and {b} must have the same dtype, got torch\.float32 and torch\.float64",
+                error=TypeError,
+            ),
+            BadInput(
+                "shape mismatch",
+                (f32(3), f32(4), *rest, *extra),
+                match=rf"^{qual}: {a} and {b} must have the same shape, got \[3\] and \[4\]",
+            ),
+            BadInput(
+                "broadcastable shapes",
+                (f32(3, 4), f32(4), *rest, *extra),
+                match=rf"^{qual}: {a} and {b} must have the same shape, got \[3, 4\] and \[4\]",
+            ),
+        ]
+        if device.type == "cuda":
+            cases.append(
+                BadInput(
+                    "device mismatch",
+                    (f32(4), f32(4, dev=torch.device("cpu")), *rest, *extra),
+                    match=rf"^{qual}: {a} and {b} must be on the same device, got cuda:\d+ and cpu",
+                )
+            )
+    return cases

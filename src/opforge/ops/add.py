@@ -1,0 +1,124 @@
+"""add and add_out: seed 003's add2, functional and out= forms."""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.ops._elementwise import (
+    OUT_LAYOUTS,
+    bad_elementwise,
+    bench_tensors,
+    expect_floating,
+    expect_out,
+    expect_same,
+    like,
+    streaming_cost,
+    tensor_samples,
+)
+from opforge.spec import BadInput, OpSpec, Sample
+
+OP = "opforge::add"
+OP_OUT = "opforge::add_out"
+
+
+def _check(op: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    expect_floating(op, "a", a)
+    expect_same(op, "a", a, "b", b)
+
+
+def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check(OP, a, b)
+    return a.new_empty(a.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol
+    pass
+
+
+def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
+    return grad, grad
+
+
+def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (a, b) in tensor_samples(2, device, dtype, gen):
+        yield Sample((a, b), desc=desc)
+
+
+def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (a, b) in bench_tensors(2, device, dtype, gen):
+        yield Sample((a, b), desc=desc)
+
+
+def _cost(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):  # noqa: ANN202
+    return streaming_cost(a, b, a, flops_per_element=1)
+
+
+def _fake_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    _check(OP_OUT, a, b)
+    expect_out(OP_OUT, out, a)
+
+
+def _reference_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    torch.add(a, b, out=out)
+
+
+def _samples_out(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (a, b) in tensor_samples(2, device, dtype, gen, OUT_LAYOUTS):
+        yield Sample((a, b, like(a, gen)), desc=desc)
+
+
+def _bench_out(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (a, b, out) in bench_tensors(3, device, dtype, gen):
+        yield Sample((a, b, out), desc=desc)
+
+
+def _bad_out(device: torch.device) -> list[BadInput]:
+    q = f"^{OP_OUT}"
+    a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+    buf = torch.randn(5, device=device)
+    cases = bad_elementwise("add_out", ("a", "b"), device, extra=(torch.empty(4, device=device),))
+    cases += [
+        BadInput("out of the wrong shape", (a, b, torch.empty(5, device=device)), match=rf"{q}: out must have shape \[4\], got \[5\]"),
+        BadInput(
+            "out of the wrong dtype",
+            (a, b, torch.empty(4, device=device, dtype=torch.float64)),
+            match=rf"{q}: out must have dtype torch\.float32, got torch\.float64",
+            error=TypeError,
+        ),
+        BadInput("out is an input", (a, b, a), match=rf"{q}: out shares memory with input a"),
+        BadInput("out partly overlaps an input", (buf[:4], b, buf[1:]), match=rf"{q}: out shares memory with input a"),
+        BadInput(
+            "out with self-overlapping elements",
+            (a, b, torch.randn(1, device=device).expand(4)),
+            match=rf"{q}: out has elements that share memory",
+        ),
+    ]
+    if device.type == "cuda":
+        cases.append(BadInput("out on another device", (a, b, torch.empty(4)), match=rf"{q}: out must be on cuda:\d+, got cpu"))
+    return cases
+
+
+SPECS = [
+    OpSpec(
+        name="add",
+        doc="a + b, elementwise, for two tensors of one shape, dtype and device.",
+        reference=torch.add,
+        samples=_samples,
+        bad_inputs=lambda device: bad_elementwise("add", ("a", "b"), device),
+        cost=_cost,
+        bench_cases=_bench,
+        fake=_fake,
+        backward=_backward,
+        setup_context=_setup_context,
+    ),
+    OpSpec(
+        name="add_out",
+        doc="Writes a + b into out (seed 003's torch_launch_add2(c, a, b, n)); out must not overlap a or b.",
+        reference=_reference_out,
+        samples=_samples_out,
+        bad_inputs=_bad_out,
+        cost=_cost,
+        bench_cases=_bench_out,
+        fake=_fake_out,
+    ),
+]

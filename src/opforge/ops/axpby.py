@@ -1,0 +1,101 @@
+"""axpby: seed 004's my_op (3x - y) generalised to alpha * x + beta * y, with
+a fused backward operator that writes both gradients in one pass."""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.ops._elementwise import (
+    bad_elementwise,
+    bench_tensors,
+    expect_floating,
+    expect_same,
+    streaming_cost,
+    tensor_samples,
+)
+from opforge.spec import OpSpec, Sample
+
+OP = "opforge::axpby"
+OP_BACKWARD = "opforge::axpby_backward"
+
+
+def _reference(x: torch.Tensor, y: torch.Tensor, alpha: float = 3.0, beta: float = -1.0) -> torch.Tensor:
+    return alpha * x + beta * y
+
+
+def _fake(x: torch.Tensor, y: torch.Tensor, alpha: float = 3.0, beta: float = -1.0) -> torch.Tensor:
+    expect_floating(OP, "x", x)
+    expect_same(OP, "x", x, "y", y)
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol
+    _, _, ctx.alpha, ctx.beta = inputs
+
+
+def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
+    grad_x, grad_y = torch.ops.opforge.axpby_backward(grad, ctx.alpha, ctx.beta)
+    return grad_x, grad_y, None, None
+
+
+def _coefficients(gen: torch.Generator) -> tuple[float, float]:
+    # Drawn fresh, and kept exactly representable in every dtype's opmath so
+    # the float32 kernel and the float64 reference scale by the same number.
+    a, b = (torch.randint(-64, 64, (2,), generator=gen) / 16).tolist()
+    return a or 0.5, b or -0.25
+
+
+def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for i, (desc, (x, y)) in enumerate(tensor_samples(2, device, dtype, gen)):
+        if i % 3 == 0:
+            yield Sample((x, y), desc=f"{desc}, default alpha=3 beta=-1")
+        else:
+            alpha, beta = _coefficients(gen)
+            yield Sample((x, y), {"alpha": alpha, "beta": beta}, desc=f"{desc}, alpha={alpha} beta={beta}")
+
+
+def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (x, y) in bench_tensors(2, device, dtype, gen):
+        yield Sample((x, y), {"alpha": 1.5, "beta": -0.5}, desc=desc)
+
+
+def _fake_backward(grad: torch.Tensor, alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    expect_floating(OP_BACKWARD, "grad", grad)
+    return grad.new_empty(grad.shape), grad.new_empty(grad.shape)
+
+
+def _samples_backward(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (g,) in tensor_samples(1, device, dtype, gen):
+        alpha, beta = _coefficients(gen)
+        yield Sample((g, alpha, beta), desc=f"{desc}, alpha={alpha} beta={beta}")
+
+
+def _bench_backward(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (g,) in bench_tensors(1, device, dtype, gen):
+        yield Sample((g, 1.5, -0.5), desc=desc)
+
+
+SPECS = [
+    OpSpec(
+        name="axpby",
+        doc="alpha * x + beta * y, elementwise (seed 004's my_op is the default, 3x - y).",
+        reference=_reference,
+        samples=_samples,
+        bad_inputs=lambda device: bad_elementwise("axpby", ("x", "y"), device),
+        cost=lambda x, y, alpha=3.0, beta=-1.0: streaming_cost(x, y, x, flops_per_element=3),
+        bench_cases=_bench,
+        fake=_fake,
+        backward=_backward,
+        setup_context=_setup_context,
+    ),
+    OpSpec(
+        name="axpby_backward",
+        doc="(alpha * grad, beta * grad): axpby's gradients with respect to x and y, in one pass over grad.",
+        reference=lambda grad, alpha, beta: (alpha * grad, beta * grad),
+        samples=_samples_backward,
+        bad_inputs=lambda device: bad_elementwise("axpby_backward", ("grad",), device, extra=(1.0, 2.0)),
+        cost=lambda grad, alpha, beta: streaming_cost(grad, grad, grad, flops_per_element=2),
+        bench_cases=_bench_backward,
+        fake=_fake_backward,
+    ),
+]

@@ -1,0 +1,94 @@
+"""sigmoid: seed 004's custom sigmoid, 1 / (1 + exp(-x)), with its own
+backward operator grad * y * (1 - y) that needs only the saved output."""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.ops._elementwise import (
+    bad_elementwise,
+    bench_tensors,
+    expect_floating,
+    expect_same,
+    streaming_cost,
+    tensor_samples,
+)
+from opforge.spec import DEFAULT_TOLERANCES, OpSpec, Sample
+
+OP = "opforge::sigmoid"
+OP_BACKWARD = "opforge::sigmoid_backward"
+
+# expf is within 2 ulp in float32 (CUDA's documented bound; glibc's is lower),
+# and 1 + e and the division add one rounding each: 4 ulp of float32 is 5e-7.
+_TOLERANCES = {**DEFAULT_TOLERANCES, torch.float32: (1e-6, 2e-6)}
+
+
+def _fake(x: torch.Tensor) -> torch.Tensor:
+    expect_floating(OP, "x", x)
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
+    (y,) = ctx.saved_tensors
+    return torch.ops.opforge.sigmoid_backward(grad, y)
+
+
+def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    # Scaled so the tails, where exp(-x) over- or underflows, are sampled too.
+    for desc, (x,) in tensor_samples(1, device, dtype, gen, values=lambda t: t * 8):
+        yield Sample((x,), desc=desc)
+
+
+def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (x,) in bench_tensors(1, device, dtype, gen):
+        yield Sample((x,), desc=desc)
+
+
+def _fake_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    expect_floating(OP_BACKWARD, "grad", grad)
+    expect_same(OP_BACKWARD, "grad", grad, "y", y)
+    return grad.new_empty(grad.shape)
+
+
+def _samples_backward(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    # y is a sigmoid output, in (0, 1), laid out like grad.
+    grads = tensor_samples(1, device, dtype, gen)
+    outputs = tensor_samples(1, device, dtype, gen, values=torch.sigmoid)
+    for (desc, (g,)), (_, (y,)) in zip(grads, outputs, strict=True):
+        yield Sample((g, y), desc=desc)
+
+
+def _bench_backward(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (g, x) in bench_tensors(2, device, dtype, gen):
+        yield Sample((g, torch.sigmoid(x)), desc=desc)
+
+
+SPECS = [
+    OpSpec(
+        name="sigmoid",
+        doc="1 / (1 + exp(-x)), elementwise; differentiable through opforge::sigmoid_backward.",
+        reference=torch.sigmoid,
+        samples=_samples,
+        bad_inputs=lambda device: bad_elementwise("sigmoid", ("x",), device),
+        cost=lambda x: streaming_cost(x, x, flops_per_element=4),
+        bench_cases=_bench,
+        fake=_fake,
+        backward=_backward,
+        setup_context=_setup_context,
+        tolerances=_TOLERANCES,
+    ),
+    OpSpec(
+        name="sigmoid_backward",
+        doc="grad * y * (1 - y): the gradient of sigmoid from its output y.",
+        reference=lambda grad, y: grad * y * (1 - y),
+        samples=_samples_backward,
+        bad_inputs=lambda device: bad_elementwise("sigmoid_backward", ("grad", "y"), device),
+        cost=lambda grad, y: streaming_cost(grad, y, grad, flops_per_element=3),
+        bench_cases=_bench_backward,
+        fake=_fake_backward,
+    ),
+]

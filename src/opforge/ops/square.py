@@ -1,0 +1,48 @@
+"""square: seed 002's square_matrix, elementwise over any shape."""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.ops._elementwise import bad_elementwise, bench_tensors, expect_floating, streaming_cost, tensor_samples
+from opforge.spec import OpSpec, Sample
+
+
+def _fake(x: torch.Tensor) -> torch.Tensor:
+    expect_floating("opforge::square", "x", x)
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol
+    ctx.save_for_backward(inputs[0])
+
+
+def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
+    (x,) = ctx.saved_tensors
+    return grad * 2 * x
+
+
+def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (x,) in tensor_samples(1, device, dtype, gen):
+        yield Sample((x,), desc=desc)
+
+
+def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
+    for desc, (x,) in bench_tensors(1, device, dtype, gen):
+        yield Sample((x,), desc=desc)
+
+
+SPECS = [
+    OpSpec(
+        name="square",
+        doc="x * x, elementwise.",
+        reference=lambda x: x * x,
+        samples=_samples,
+        bad_inputs=lambda device: bad_elementwise("square", ("x",), device),
+        cost=lambda x: streaming_cost(x, x, flops_per_element=1),
+        bench_cases=_bench,
+        fake=_fake,
+        backward=_backward,
+        setup_context=_setup_context,
+    ),
+]

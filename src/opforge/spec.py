@@ -1,0 +1,190 @@
+"""The operator spec: everything opforge knows about an operator, in one place.
+
+The schema lives in C++ (``TORCH_LIBRARY``) and is read back from
+``torch.ops``; a spec adds what C++ cannot say: a plain-PyTorch reference,
+sample inputs, bad inputs and the error each must raise, benchmark cases, a cost
+model, a fake kernel and an autograd formula. ``opforge check``, ``opforge
+bench``, the tests and the public functions all read specs; adding an operator
+is adding one folder under ``csrc/ops`` and one spec module, nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+# (atol, rtol) per dtype, against a float64 reference. The kernels compute half
+# types in float32 and round once, so the error is at most half an ulp of the
+# output: 2^-11 relative in float16, 2^-8 in bfloat16; rtol is twice that.
+DEFAULT_TOLERANCES: Mapping[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-12, 1e-10),
+    torch.float32: (1e-6, 1e-6),
+    torch.float16: (1e-5, 1e-3),
+    torch.bfloat16: (1e-5, 8e-3),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One call's arguments."""
+
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    desc: str = ""
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A call that must raise ``error`` with a message matching ``match``."""
+
+    desc: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    match: str = ""
+    error: type[Exception] = RuntimeError
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The fewest bytes a call must move through memory, and its FLOPs."""
+
+    bytes: int
+    flops: int
+
+
+SampleFn = Callable[[torch.device, torch.dtype, torch.Generator], Iterable[Sample]]
+
+
+@dataclass
+class OpSpec:
+    """An operator as opforge sees it. Only ``name`` ties it to C++."""
+
+    name: str
+    reference: Callable[..., Any]
+    samples: SampleFn
+    bad_inputs: Callable[[torch.device], Iterable[BadInput]]
+    cost: Callable[..., Cost]
+    bench_cases: SampleFn
+    fake: Callable[..., Any] | None = None
+    backward: Callable[..., Any] | None = None
+    setup_context: Callable[..., Any] | None = None
+    namespace: str = "opforge"
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+    tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    doc: str = ""
+    function: Callable[..., Any] = field(init=False, repr=False)
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.namespace}::{self.name}"
+
+    @property
+    def overload(self) -> torch._ops.OpOverload:
+        try:
+            return getattr(getattr(torch.ops, self.namespace), self.name).default
+        except AttributeError:
+            raise RuntimeError(
+                f"{self.qualname}: no such operator in torch.ops; its C++ library is not loaded "
+                f'or does not define it (TORCH_LIBRARY_FRAGMENT({self.namespace}, m) {{ m.def("{self.name}(...)"); }})'
+            ) from None
+
+    @property
+    def schema(self) -> torch._C.FunctionSchema:
+        return self.overload._schema
+
+    @property
+    def differentiable(self) -> bool:
+        return self.backward is not None
+
+    @property
+    def mutated_args(self) -> list[int]:
+        """Positions of the arguments the schema marks as written (``Tensor(a!)``)."""
+        return [i for i, a in enumerate(self.schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+    def signature(self) -> inspect.Signature:
+        """The Python signature of the schema, defaults included."""
+        params = []
+        for a in self.schema.arguments:
+            kind = inspect.Parameter.KEYWORD_ONLY if a.kwarg_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+            default = a.default_value if a.has_default_value() else inspect.Parameter.empty
+            params.append(inspect.Parameter(a.name, kind, default=default))
+        return inspect.Signature(params)
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        return self.tolerances.get(dtype, DEFAULT_TOLERANCES[dtype])
+
+    def _register(self) -> None:
+        """Python-side registrations: fake kernel, autograd, public function."""
+        if self.fake is not None:
+            torch.library.register_fake(self.qualname)(self.fake)
+        if self.backward is not None:
+            torch.library.register_autograd(self.qualname, self.backward, setup_context=self.setup_context)
+        self.function = _public_function(self)
+
+
+def _public_function(spec: OpSpec) -> Callable[..., Any]:
+    op = spec.overload
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        return op(*args, **kwargs)
+
+    fn.__name__ = fn.__qualname__ = spec.name
+    fn.__module__ = spec.namespace
+    fn.__signature__ = spec.signature()  # type: ignore[attr-defined]
+    fn.__doc__ = f"{spec.doc.strip()}\n\nSchema: {spec.schema}\n"
+    return fn
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Adds a spec whose operator is already in torch.ops, and registers its
+    fake kernel and autograd formula. Library ops and users' ops both go here."""
+    if spec.qualname in _REGISTRY:
+        raise ValueError(f"{spec.qualname}: a spec for this operator is already registered")
+    spec.overload  # noqa: B018 - fails clearly if the C++ side lacks it
+    spec._register()
+    _REGISTRY[spec.qualname] = spec
+    return spec
+
+
+def register_module(module_name: str) -> list[OpSpec]:
+    """Registers the ``SPECS`` of every public module in a package (``opforge.ops``)."""
+    package = importlib.import_module(module_name)
+    found: list[OpSpec] = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{module_name}.{info.name}")
+        for spec in getattr(module, "SPECS", ()):
+            found.append(register(spec))
+    return found
+
+
+def all_specs() -> list[OpSpec]:
+    return list(_REGISTRY.values())
+
+
+def get_specs(names: Iterable[str] | None = None) -> list[OpSpec]:
+    """Specs by name (``add`` or ``opforge::add``); all of them when ``names`` is empty."""
+    names = list(names or [])
+    if not names:
+        return all_specs()
+    by_short = {s.name: s for s in _REGISTRY.values()}
+    out = []
+    for n in names:
+        spec = _REGISTRY.get(n) or by_short.get(n)
+        if spec is None:
+            known = ", ".join(sorted(by_short))
+            raise KeyError(f"no operator named {n!r}; known: {known}")
+        out.append(spec)
+    return out

@@ -1,0 +1,164 @@
+"""Every operator, every check of its spec, on every device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opforge
+from opforge.check import check_bad_inputs, check_compile, check_gradcheck, check_opcheck, check_reference, generator, run_reference
+from opforge.spec import all_specs
+
+from .conftest import DEVICES
+
+SPECS = {s.name: s for s in all_specs()}
+OPS = sorted(SPECS)
+
+
+def _assert_ok(result) -> None:
+    assert result.status in ("pass", "n/a"), "\n".join(result.failures)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_matches_reference(op, dtype, device, seed):
+    spec = SPECS[op]
+    dev = torch.device(device)
+    failures = []
+    samples = list(spec.samples(dev, dtype, generator(dev, seed)))
+    assert len(samples) >= 10
+    for sample in samples:
+        problem = run_reference(spec, sample, dtype)
+        if problem:
+            failures.append(f"[{sample.desc}] {problem}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_opcheck(op, device, seed):
+    _assert_ok(check_opcheck(SPECS[op], torch.device(device), seed))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", [o for o in OPS if SPECS[o].differentiable])
+def test_gradcheck(op, device, seed):
+    result = check_gradcheck(SPECS[op], torch.device(device), seed)
+    assert result.count >= 5
+    _assert_ok(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_compile_fullgraph(op, device, seed):
+    _assert_ok(check_compile(SPECS[op], torch.device(device), seed))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_bad_inputs_raise_clear_errors(op, device, seed):
+    result = check_bad_inputs(SPECS[op], torch.device(device), seed)
+    assert result.count >= 2
+    _assert_ok(result)
+
+
+def test_differentiable_ops_are_the_ones_the_issue_names():
+    assert {o for o in OPS if SPECS[o].differentiable} == {"add", "square", "axpby", "sigmoid"}
+
+
+# --- the seeds' own examples, written out ---
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_axpby_defaults_are_seed_004s_my_op(device):
+    x, y = torch.randn(1000, device=device), torch.randn(1000, device=device)
+    torch.testing.assert_close(opforge.axpby(x, y), 3 * x - y)
+    torch.testing.assert_close(opforge.axpby(x, y, beta=0.5), 3 * x + 0.5 * y)
+    torch.testing.assert_close(opforge.axpby(x, y, 2.0, -2.0), 2 * x - 2 * y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_axpby_gradients_are_alpha_and_beta(device):
+    x = torch.randn(37, device=device, requires_grad=True)
+    y = torch.randn(37, device=device, requires_grad=True)
+    g = torch.randn(37, device=device)
+    opforge.axpby(x, y, 1.5, -0.25).backward(g)
+    torch.testing.assert_close(x.grad, 1.5 * g)
+    torch.testing.assert_close(y.grad, -0.25 * g)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sigmoid_backward_uses_saved_output(device):
+    x = (torch.randn(513, device=device) * 6).requires_grad_()
+    g = torch.randn(513, device=device)
+    y = opforge.sigmoid(x)
+    y.backward(g)
+    s = torch.sigmoid(x.detach().double())
+    torch.testing.assert_close(x.grad.double(), g.double() * s * (1 - s), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_out_writes_into_a_strided_out(device):
+    a, b = torch.randn(40, 30, device=device), torch.randn(40, 30, device=device)
+    out = torch.full((30, 40), float("nan"), device=device).t()
+    assert opforge.add_out(a, b, out) is None
+    torch.testing.assert_close(out, a + b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_tensors(device):
+    for shape in [(0,), (4, 0, 3)]:
+        x = torch.randn(shape, device=device)
+        for out in (opforge.add(x, x), opforge.square(x), opforge.axpby(x, x), opforge.sigmoid(x)):
+            assert out.shape == x.shape and out.device == x.device
+
+
+def test_public_functions_carry_the_schema_signature():
+    import inspect
+
+    sig = inspect.signature(opforge.axpby)
+    assert list(sig.parameters) == ["x", "y", "alpha", "beta"]
+    assert sig.parameters["alpha"].default == 3.0 and sig.parameters["beta"].default == -1.0
+    assert "opforge::axpby(Tensor x, Tensor y" in opforge.axpby.__doc__
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nn_modules(device):
+    x = torch.randn(8, 5, device=device, requires_grad=True)
+    y = torch.randn(8, 5, device=device, requires_grad=True)
+    out = opforge.nn.Sigmoid()(opforge.nn.AXPBY(2.0, 0.5)(x, y))
+    torch.testing.assert_close(out, torch.sigmoid(2 * x + 0.5 * y))
+    out.sum().backward()
+    s = torch.sigmoid(2 * x + 0.5 * y).detach()
+    torch.testing.assert_close(x.grad, 2 * s * (1 - s))
+    torch.testing.assert_close(opforge.nn.Square()(x), x * x)
+    torch.testing.assert_close(opforge.nn.Add()(x, y), x + y)
+    assert "alpha=2.0" in repr(opforge.nn.AXPBY(2.0, 0.5))
+
+
+@pytest.mark.cuda
+def test_cuda_kernel_runs_on_current_stream_and_device():
+    x = torch.randn(1 << 20, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = opforge.square(x)
+    s.synchronize()
+    torch.testing.assert_close(y, x * x)
+    if torch.cuda.device_count() > 1:
+        x1 = torch.randn(1000, device="cuda:1")
+        torch.testing.assert_close(opforge.sigmoid(x1), torch.sigmoid(x1))
+
+
+@pytest.mark.cuda
+def test_cuda_past_two_to_the_31_bytes_of_indexing():
+    # 2^31 + 5 half elements: any 32-bit index in the kernel wraps and misses the tail.
+    n = 2**31 + 5
+    if torch.cuda.get_device_properties(0).total_memory < 4 * n * 2:
+        pytest.skip("needs about 17 GB of GPU memory")
+    a = torch.ones(n, device="cuda", dtype=torch.float16)
+    a[-5:] = 2.0
+    out = opforge.square(a)
+    assert out[-5:].eq(4.0).all() and out[:5].eq(1.0).all()
+    del a, out
+    torch.cuda.empty_cache()
