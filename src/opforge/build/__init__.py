@@ -1,0 +1,123 @@
+"""Building op libraries: sources -> shared library -> ``torch.ops``.
+
+``library_config`` describes opforge's own op library (every folder under
+``csrc/ops``); ``load_library`` builds it through the JIT route when the cache
+has no good copy and loads it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from opforge.build.errors import BuildError, Diagnostic, parse_diagnostics
+from opforge.build.jit import BuildConfig, Library, cache_root, load_library
+
+__all__ = [
+    "BuildConfig",
+    "BuildError",
+    "Diagnostic",
+    "Library",
+    "cache_root",
+    "csrc_dir",
+    "cuda_archs",
+    "library_config",
+    "load_library",
+    "op_sources",
+    "parse_diagnostics",
+    "want_cuda",
+]
+
+
+def csrc_dir() -> Path:
+    """The C++/CUDA sources: shipped inside the wheel as ``opforge/_csrc``, or
+    the repository's ``csrc/`` in a source checkout and an editable install."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "_csrc", here.parent.parent / "csrc"):
+        if (candidate / "ops").is_dir():
+            return candidate
+    raise BuildError(f"opforge: the C++ sources are missing (looked in {here / '_csrc'} and {here.parent.parent / 'csrc'})")
+
+
+def want_cuda() -> bool:
+    """CUDA kernels are built when torch has CUDA and nvcc is found;
+    ``OPFORGE_BUILD_CUDA=0|1`` overrides (1 fails clearly if it cannot)."""
+    flag = os.environ.get("OPFORGE_BUILD_CUDA", "").strip()
+    if flag == "0":
+        return False
+    if flag == "1":
+        if torch.version.cuda is None:
+            raise BuildError("opforge: OPFORGE_BUILD_CUDA=1 but this torch build has no CUDA (torch.version.cuda is None)")
+        return True
+    if torch.version.cuda is None:
+        return False
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return bool(CUDA_HOME) and (Path(CUDA_HOME) / "bin" / "nvcc").exists()
+
+
+def cuda_archs() -> tuple[str, ...]:
+    """Target compute capabilities: ``TORCH_CUDA_ARCH_LIST`` if set, else the
+    visible GPUs', else sm_80 and sm_90 (a CUDA build on a machine without GPUs)."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
+    if env:
+        return tuple(sorted({a.removesuffix("+PTX") for a in env}))
+    if torch.cuda.is_available():
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        return tuple(sorted(f"{ma}.{mi}" for ma, mi in caps))
+    return ("8.0", "9.0")
+
+
+def _gencode_flags(archs: tuple[str, ...]) -> list[str]:
+    flags = []
+    for arch in archs:
+        num = arch.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+    # PTX of the newest target, so a newer GPU can still JIT the kernels.
+    newest = archs[-1].replace(".", "")
+    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
+    return flags
+
+
+def op_sources(op_dir: Path, *, with_cuda: bool) -> list[Path]:
+    """An operator folder's sources: every .cpp, plus every .cu in a CUDA build."""
+    srcs = sorted(op_dir.glob("*.cpp"))
+    if with_cuda:
+        srcs += sorted(op_dir.glob("*.cu"))
+    return srcs
+
+
+def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
+    """The build of opforge's own op library: every folder under csrc/ops."""
+    root = csrc_dir()
+    cuda = want_cuda() if with_cuda is None else with_cuda
+    sources: list[Path] = []
+    for op_dir in sorted(p for p in (root / "ops").iterdir() if p.is_dir()):
+        sources += op_sources(op_dir, with_cuda=cuda)
+    # OPFORGE_CXXFLAGS adds host-compiler flags (part of the cache key).
+    cflags = ["-O3", "-fopenmp", *os.environ.get("OPFORGE_CXXFLAGS", "").split()]
+    cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA"]
+    archs: tuple[str, ...] = ()
+    if cuda:
+        sources.append(root / "opforge" / "cuda_stream.cpp")
+        cflags.append("-DOPFORGE_WITH_CUDA")
+        archs = cuda_archs()
+        cuda_cflags += _gencode_flags(archs)
+    names = [s.name for s in sources]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        # torch's ninja file names each object after its source's file name:
+        # two sources of one name would overwrite each other's object.
+        raise BuildError(f"opforge: source file names must be unique across csrc/ops, found twice: {dupes}")
+    return BuildConfig(
+        name="opforge_ops",
+        sources=tuple(sources),
+        include_dirs=(root,),
+        cflags=tuple(cflags),
+        cuda_cflags=tuple(cuda_cflags) if cuda else (),
+        ldflags=("-fopenmp",),
+        with_cuda=cuda,
+        cuda_archs=archs,
+    )

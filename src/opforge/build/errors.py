@@ -1,0 +1,81 @@
+"""Turns a failed ninja run into the compiler's own words, with file and line."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class BuildError(RuntimeError):
+    """A build of an op library failed; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    file: str
+    line: int
+    message: str
+
+
+# gcc/clang: "path/file.cpp:12:5: error: ..." (also "fatal error:")
+_GCC = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)? (?:fatal )?error: (?P<msg>.*)$")
+# nvcc front end: "path/file.cu(12): error: ..."
+_NVCC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$")
+_LINKER = re.compile(r"(undefined reference to .*|cannot find -l\S+)")
+
+# How much of the compiler's output to show inline; the rest is in the log.
+_MAX_LINES = 40
+
+
+def parse_diagnostics(output: str) -> list[Diagnostic]:
+    """The compiler errors in a build log, first to last, without repeats."""
+    seen: set[tuple[str, int, str]] = set()
+    found: list[Diagnostic] = []
+    for raw in output.splitlines():
+        m = _GCC.match(raw.strip()) or _NVCC.match(raw.strip())
+        if m:
+            d = Diagnostic(m["file"], int(m["line"]), m["msg"].strip())
+            if (d.file, d.line, d.message) not in seen:
+                seen.add((d.file, d.line, d.message))
+                found.append(d)
+    return found
+
+
+def _compiler_output(output: str) -> list[str]:
+    """The output of the failed commands: ninja's status lines and the giant
+    command lines are dropped, the compiler's messages kept."""
+    kept: list[str] = []
+    in_failure = False
+    for line in output.splitlines():
+        if line.startswith("FAILED:"):
+            in_failure = True
+            continue
+        if re.match(r"^\[\d+/\d+\] ", line) or line.startswith("ninja: "):
+            in_failure = False
+            continue
+        if in_failure and not re.match(r"^\S*(c\+\+|g\+\+|gcc|clang\+\+|nvcc)\s", line):
+            kept.append(line)
+    return kept
+
+
+def explain_build_failure(output: str, log: Path) -> BuildError:
+    """A BuildError whose message leads with file:line of each compiler error."""
+    diags = parse_diagnostics(output)
+    lines = ["opforge: building the op library failed."]
+    if diags:
+        lines.append(f"{len(diags)} compiler error(s):")
+        lines += [f"  {d.file}:{d.line}: {d.message}" for d in diags[:10]]
+    else:
+        linker = _LINKER.findall(output)
+        if linker:
+            lines.append("link errors:")
+            lines += [f"  {m}" for m in dict.fromkeys(linker)][:10]
+    body = _compiler_output(output) or output.splitlines()[-_MAX_LINES:]
+    if body:
+        lines.append("compiler output:")
+        lines += body[:_MAX_LINES]
+        if len(body) > _MAX_LINES:
+            lines.append(f"  ... {len(body) - _MAX_LINES} more lines")
+    lines.append(f"full log: {log}")
+    return BuildError("\n".join(lines))

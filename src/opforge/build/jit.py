@@ -1,0 +1,260 @@
+"""JIT route: sources -> cached shared library -> loaded into torch.ops.
+
+Wraps ``torch.utils.cpp_extension.load`` where it is weak:
+
+* the cache key is a content hash (sources and headers, flags, torch, CUDA,
+  archs, Python ABI), so a changed file rebuilds and nothing else does;
+* an advisory ``flock`` on a lock file serialises builders; the kernel drops it
+  when a builder dies, so a killed build never leaves a lock that hangs the next
+  one (torch's own ``lock`` file in the build directory does);
+* a build directory without its completion marker is debris from a failed or
+  killed build and is wiped before the next attempt;
+* progress goes to stderr while ninja runs, and a failure is reported as the
+  compiler's first errors with file and line (``opforge.build.errors``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from opforge.build.errors import BuildError, explain_build_failure
+
+# Bumped when the layout of a cache entry or the build recipe changes.
+_CACHE_FORMAT = "1"
+_MARKER = "COMPLETE.json"
+_HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
+_CUDA_SUFFIXES = (".cu",)
+
+
+def cache_root() -> Path:
+    """The per-user build cache (``OPFORGE_CACHE_DIR`` or ``~/.cache/opforge``)."""
+    env = os.environ.get("OPFORGE_CACHE_DIR")
+    root = Path(env) if env else Path.home() / ".cache" / "opforge"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """Everything that determines a built library; its hash is the cache key."""
+
+    name: str
+    sources: tuple[Path, ...]
+    include_dirs: tuple[Path, ...]
+    cflags: tuple[str, ...] = ()
+    cuda_cflags: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
+    with_cuda: bool = False
+    cuda_archs: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        h = hashlib.sha256()
+
+        def put(*parts: object) -> None:
+            for p in parts:
+                h.update(str(p).encode())
+                h.update(b"\0")
+
+        put(_CACHE_FORMAT, self.name, torch.__version__, torch.version.cuda, sys.implementation.cache_tag)
+        put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs)
+        for path in sorted(set(self.sources) | set(_headers(self.include_dirs))):
+            put(path.name)
+            h.update(path.read_bytes())
+        return h.hexdigest()
+
+
+def _headers(include_dirs: Sequence[Path]) -> Iterator[Path]:
+    for d in include_dirs:
+        for p in d.rglob("*"):
+            if p.suffix in _HEADER_SUFFIXES and p.is_file():
+                yield p
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """A built library on disk and how it got there."""
+
+    path: Path
+    key: str
+    with_cuda: bool
+    built_now: bool
+    build_seconds: float | None
+
+
+def load_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
+    """Builds ``cfg`` if its cache entry is missing or broken, then loads it into torch.ops."""
+    key = cfg.key()
+    root = cache_root()
+    entry = root / f"{cfg.name}-{key[:16]}"
+    so_name = f"{cfg.name}_{key[:16]}"
+    so = entry / f"{so_name}.so"
+    built_now, seconds = False, None
+    if not _is_complete(entry, so):
+        with _exclusive(root / f"{entry.name}.lock", quiet=quiet):
+            # Another process may have finished it while we waited.
+            if not _is_complete(entry, so):
+                seconds = _build(cfg, entry, so_name, quiet=quiet)
+                built_now = True
+    torch.ops.load_library(str(so))
+    return Library(path=so, key=key, with_cuda=cfg.with_cuda, built_now=built_now, build_seconds=seconds)
+
+
+def _is_complete(entry: Path, so: Path) -> bool:
+    """True when the marker exists and the library matches what it recorded."""
+    try:
+        meta = json.loads((entry / _MARKER).read_text())
+        return so.stat().st_size == meta["size"] and _sha256(so) == meta["sha256"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path, *, quiet: bool) -> Iterator[None]:
+    """A kernel flock: released by the OS when the holder exits or is killed."""
+    with open(lock_path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            if not quiet:
+                print(f"opforge: waiting for {holder} to finish building ({lock_path})", file=sys.stderr, flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build(cfg: BuildConfig, entry: Path, so_name: str, *, quiet: bool) -> float:
+    from torch.utils import cpp_extension
+
+    _check_toolchain(cfg)
+    # No marker: whatever is here is debris of a failed or killed build,
+    # torch's own stale 'lock' file included. Start clean.
+    shutil.rmtree(entry, ignore_errors=True)
+    entry.mkdir(mode=0o700, parents=True)
+    # torch remembers per-process what it built under a name and skips the
+    # build when the inputs look unchanged, even though we just wiped them.
+    versioner = getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None)
+    if versioner is not None and hasattr(versioner, "entries"):
+        versioner.entries.pop(so_name, None)
+
+    start = time.perf_counter()
+    progress = _Progress(entry, len(cfg.sources), quiet=quiet)
+    progress.start()
+    try:
+        cpp_extension.load(
+            name=so_name,
+            sources=[str(s) for s in cfg.sources],
+            extra_cflags=list(cfg.cflags),
+            extra_cuda_cflags=list(cfg.cuda_cflags),
+            extra_ldflags=list(cfg.ldflags),
+            extra_include_paths=[str(d) for d in cfg.include_dirs],
+            build_directory=str(entry),
+            with_cuda=cfg.with_cuda,
+            is_python_module=False,
+            verbose=False,
+        )
+    except RuntimeError as exc:
+        progress.stop(ok=False)
+        log = entry / "build.log"
+        log.write_text(str(exc))
+        raise explain_build_failure(str(exc), log) from None
+    seconds = time.perf_counter() - start
+    progress.stop(ok=True, seconds=seconds)
+    so = entry / f"{so_name}.so"
+    marker = {"size": so.stat().st_size, "sha256": _sha256(so), "seconds": round(seconds, 2), "sources": len(cfg.sources)}
+    tmp = entry / (_MARKER + ".tmp")
+    tmp.write_text(json.dumps(marker))
+    os.replace(tmp, entry / _MARKER)
+    return seconds
+
+
+def _check_toolchain(cfg: BuildConfig) -> None:
+    """Clear errors for the missing tools torch would report obscurely."""
+    if shutil.which("ninja") is None:
+        try:  # the PyPI 'ninja' package, installed but its venv not activated
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            raise BuildError("opforge: ninja is not installed; `pip install ninja` (or your system's package)") from None
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise BuildError(f"opforge: no C++ compiler: '{cxx}' is not on PATH (set CXX or install g++)")
+    if cfg.with_cuda:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        nvcc = Path(CUDA_HOME or "") / "bin" / "nvcc"
+        if not CUDA_HOME or not nvcc.exists():
+            raise BuildError("opforge: CUDA kernels were asked for but nvcc was not found (set CUDA_HOME)")
+
+
+class _Progress:
+    """Prints build progress on stderr from ninja's log of finished steps."""
+
+    def __init__(self, entry: Path, n_sources: int, *, quiet: bool) -> None:
+        self.entry = entry
+        self.total = n_sources + 1  # one compile per source, then the link
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._start = time.perf_counter()
+
+    def start(self) -> None:
+        if not self.quiet:
+            print(f"opforge: building {self.entry.name} ({self.total - 1} sources, first use only)...", file=sys.stderr, flush=True)
+            self._thread.start()
+
+    def _steps(self) -> int:
+        try:
+            lines = (self.entry / ".ninja_log").read_text().splitlines()
+        except OSError:
+            return 0
+        return sum(1 for ln in lines if ln and not ln.startswith("#"))
+
+    def _run(self) -> None:
+        last_print = 0.0
+        while not self._done.wait(0.5):
+            elapsed = time.perf_counter() - self._start
+            line = f"opforge: compiling [{self._steps()}/{self.total}] {elapsed:4.0f} s"
+            if self.tty:
+                print("\r" + line, end="", file=sys.stderr, flush=True)
+            elif elapsed - last_print >= 10:
+                print(line, file=sys.stderr, flush=True)
+                last_print = elapsed
+
+    def stop(self, *, ok: bool, seconds: float = 0.0) -> None:
+        if self.quiet:
+            return
+        self._done.set()
+        self._thread.join()
+        if self.tty:
+            print("\r", end="", file=sys.stderr)
+        if ok:
+            print(f"opforge: built {self.entry.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
