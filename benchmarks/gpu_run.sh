@@ -7,6 +7,10 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 OPFORGE_CACHE_DIR=${OPFORGE_CACHE_DIR:-/tmp/opforge-cache}
 OUT=${OUT:-/tmp/opforge-out}
+# The GPU image sets CXX/CC/CUDAHOSTCXX to a devtoolset-style GCC that links
+# libstdc++ statically, which opforge refuses (see build/jit.py); use the
+# system compilers.
+export CXX=${OPFORGE_GPU_CXX:-g++} CC=${OPFORGE_GPU_CC:-gcc} CUDAHOSTCXX=${OPFORGE_GPU_CXX:-g++}
 mkdir -p "$OUT"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

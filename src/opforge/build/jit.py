@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -69,6 +70,8 @@ class BuildConfig:
                 h.update(b"\0")
 
         put(_CACHE_FORMAT, self.name, torch.__version__, torch.version.cuda, sys.implementation.cache_tag)
+        # The compilers torch will use: another compiler is another library.
+        put(*(f"{v}={os.environ.get(v, '')}" for v in ("CXX", "CC", "CUDAHOSTCXX", "CUDA_HOME")))
         put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs)
         for path in sorted(set(self.sources) | set(_headers(self.include_dirs))):
             put(path.name)
@@ -187,6 +190,7 @@ def _build(cfg: BuildConfig, entry: Path, so_name: str, *, quiet: bool) -> float
     seconds = time.perf_counter() - start
     progress.stop(ok=True, seconds=seconds)
     so = entry / f"{so_name}.so"
+    _check_shared_libstdcxx(so)
     marker = {"size": so.stat().st_size, "sha256": _sha256(so), "seconds": round(seconds, 2), "sources": len(cfg.sources)}
     tmp = entry / (_MARKER + ".tmp")
     tmp.write_text(json.dumps(marker))
@@ -212,6 +216,32 @@ def _check_toolchain(cfg: BuildConfig) -> None:
         nvcc = Path(CUDA_HOME or "") / "bin" / "nvcc"
         if not CUDA_HOME or not nvcc.exists():
             raise BuildError("opforge: CUDA kernels were asked for but nvcc was not found (set CUDA_HOME)")
+
+
+def _check_shared_libstdcxx(so: Path) -> None:
+    """Refuses a library that carries its own copy of libstdc++.
+
+    Some toolchains (devtoolset-style GCCs, such as a CXX=/opt/gcc/bin/g++ seen
+    on a GPU image) link parts of libstdc++ statically. Torch and the op then
+    hold two copies of the iostream and locale machinery, and the first error
+    message that prints a number segfaults. Caught here, not at that first error.
+    """
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        return
+    try:
+        dynamic = subprocess.run([readelf, "-d", str(so)], capture_output=True, text=True, timeout=30).stdout
+        symbols = subprocess.run([readelf, "--dyn-syms", "-W", str(so)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return
+    if "libstdc++" not in dynamic and "St7num_putIcSt19ostreambuf_iteratorIcSt11char_traitsIcEEE2idE" in symbols:
+        compiler = os.environ.get("CXX", "c++")
+        shutil.rmtree(so.parent, ignore_errors=True)
+        raise BuildError(
+            f"opforge: the C++ compiler '{compiler}' linked libstdc++ statically into {so.name}. "
+            "Torch loads the shared libstdc++; two copies in one process crash on the first error message. "
+            "Build with a compiler that links libstdc++ dynamically, e.g. `CXX=g++ CC=gcc CUDAHOSTCXX=g++`."
+        )
 
 
 class _Progress:

@@ -41,7 +41,7 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
 def _coefficients(gen: torch.Generator) -> tuple[float, float]:
     # Drawn fresh, and kept exactly representable in every dtype's opmath so
     # the float32 kernel and the float64 reference scale by the same number.
-    a, b = (torch.randint(-64, 64, (2,), generator=gen) / 16).tolist()
+    a, b = (torch.randint(-64, 64, (2,), generator=gen, device=gen.device) / 16).tolist()
     return a or 0.5, b or -0.25
 
 
