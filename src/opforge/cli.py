@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-out = Console()
+# Tables are wide: when output is piped (CI logs), rich would assume 80 columns.
+_WIDTH = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
+out = Console(width=_WIDTH)
 err = Console(stderr=True)
 
 

@@ -64,10 +64,46 @@ def cuda_archs() -> tuple[str, ...]:
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
     if env:
         return tuple(sorted({a.removesuffix("+PTX") for a in env}))
-    if torch.cuda.is_available():
+    caps = _nvml_capabilities()
+    if caps is None and torch.cuda.is_available():
         caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    if caps:
         return tuple(sorted(f"{ma}.{mi}" for ma, mi in caps))
     return ("8.0", "9.0")
+
+
+def _nvml_capabilities() -> set[tuple[int, int]] | None:
+    """The machine's GPU compute capabilities through NVML, or None.
+
+    Asking torch would initialise CUDA at ``import opforge`` (hundreds of ms,
+    and a forked DataLoader worker could then no longer use CUDA). NVML needs
+    no CUDA context. It lists every GPU, ignoring CUDA_VISIBLE_DEVICES: a
+    superset of archs, never a missing one.
+    """
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        caps = set()
+        for i in range(count.value):
+            handle = ctypes.c_void_p()
+            major, minor = ctypes.c_int(0), ctypes.c_int(0)
+            if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
+                return None
+            if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+                return None
+            caps.add((major.value, minor.value))
+        return caps or None
+    finally:
+        nvml.nvmlShutdown()
 
 
 def _gencode_flags(archs: tuple[str, ...]) -> list[str]:

@@ -59,10 +59,10 @@ def _compiler_output(output: str) -> list[str]:
     return kept
 
 
-def explain_build_failure(output: str, log: Path) -> BuildError:
+def explain_build_failure(name: str, output: str, log: Path) -> BuildError:
     """A BuildError whose message leads with file:line of each compiler error."""
     diags = parse_diagnostics(output)
-    lines = ["opforge: building the op library failed."]
+    lines = [f"opforge: building {name} failed."]
     if diags:
         lines.append(f"{len(diags)} compiler error(s):")
         lines += [f"  {d.file}:{d.line}: {d.message}" for d in diags[:10]]

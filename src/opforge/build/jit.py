@@ -186,7 +186,7 @@ def _build(cfg: BuildConfig, entry: Path, so_name: str, *, quiet: bool) -> float
         progress.stop(ok=False)
         log = entry / "build.log"
         log.write_text(str(exc))
-        raise explain_build_failure(str(exc), log) from None
+        raise explain_build_failure(cfg.name, str(exc), log) from None
     seconds = time.perf_counter() - start
     progress.stop(ok=True, seconds=seconds)
     so = entry / f"{so_name}.so"

@@ -1,0 +1,207 @@
+"""The JIT build: cache keys, reuse, corruption, locking, kills, compiler errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import opforge
+from opforge.build import BuildConfig, BuildError, cache_root, csrc_dir, library_config, load_library, parse_diagnostics
+
+SRC = str(Path(opforge.__file__).resolve().parent.parent)
+# A library with one tiny operator, quick to build (no ATen headers beyond the registration).
+TINY = textwrap.dedent(
+    """
+    #include <torch/library.h>
+    static int64_t twice(int64_t x) { return 2 * x; }
+    TORCH_LIBRARY(NAMESPACE, m) { m.def("twice(int x) -> int", &twice); }
+    """
+)
+
+
+def _tiny(tmp_path: Path, namespace: str, body: str = TINY) -> BuildConfig:
+    src = tmp_path / f"{namespace}.cpp"
+    src.write_text(body.replace("NAMESPACE", namespace))
+    return BuildConfig(name=namespace, sources=(src,), include_dirs=(tmp_path,), cflags=("-O0",))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "cache"
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(d))
+    return d
+
+
+def _run(code: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": SRC, **env}, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_cache_dir_is_private(cache):
+    assert cache_root() == cache
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+
+
+def test_key_follows_content_and_flags(tmp_path):
+    cfg = _tiny(tmp_path, "keyed")
+    k1 = cfg.key()
+    assert cfg.key() == k1
+    header = tmp_path / "extra.h"
+    header.write_text("#pragma once\n")
+    k2 = cfg.key()
+    assert k2 != k1, "a header in the include dirs is part of the key"
+    cfg.sources[0].write_text(cfg.sources[0].read_text() + "\n// changed\n")
+    assert cfg.key() != k2
+    flags = BuildConfig(cfg.name, cfg.sources, cfg.include_dirs, cflags=("-O2",))
+    assert flags.key() != cfg.key()
+
+
+def test_library_config_covers_every_op_folder():
+    cfg = library_config(with_cuda=False)
+    names = {p.name for p in cfg.sources}
+    for op_dir in (csrc_dir() / "ops").iterdir():
+        assert f"{op_dir.name}.cpp" in names
+    assert not any(n.endswith(".cu") for n in names)
+    cuda = library_config(with_cuda=True)
+    assert {f"{d.name}_kernel.cu" for d in (csrc_dir() / "ops").iterdir()} <= {p.name for p in cuda.sources}
+    assert "-DOPFORGE_WITH_CUDA" in cuda.cflags and any("code=sm_" in f for f in cuda.cuda_cflags)
+
+
+def test_build_once_then_reuse_then_rebuild_when_corrupted(tmp_path, cache):
+    import torch
+
+    cfg = _tiny(tmp_path, "opforge_tiny_reuse")
+    first = load_library(cfg, quiet=True)
+    assert first.built_now and torch.ops.opforge_tiny_reuse.twice(21) == 42
+    second = load_library(cfg, quiet=True)
+    assert not second.built_now and second.path == first.path
+    # A truncated library (a disk filled up, a copy cut short) is detected and rebuilt.
+    first.path.write_bytes(first.path.read_bytes()[:1000])
+    third = load_library(cfg, quiet=True)
+    assert third.built_now and third.path.stat().st_size > 1000
+
+
+def test_compiler_error_shows_file_line_and_message(tmp_path, cache):
+    cfg = _tiny(tmp_path, "opforge_tiny_broken", body="int broken() {\n  return undeclared_name;\n}\n")
+    with pytest.raises(BuildError) as info:
+        load_library(cfg, quiet=True)
+    msg = str(info.value)
+    assert msg.startswith("opforge: building opforge_tiny_broken failed.\n1 compiler error(s):\n")
+    # The quotes around the name follow the compiler's locale.
+    assert re.search(rf"{re.escape(str(cfg.sources[0]))}:2: .undeclared_name. was not declared in this scope", msg)
+    assert "compiler output:" in msg and "full log:" in msg
+    # Fixing the source builds: the failed attempt left nothing that blocks.
+    cfg.sources[0].write_text(TINY.replace("NAMESPACE", "opforge_tiny_broken"))
+    assert load_library(cfg, quiet=True).built_now
+
+
+def test_parse_diagnostics_gcc_and_nvcc():
+    out = "\n".join(
+        [
+            "[1/3] c++ -c a.cpp -o a.o",
+            "FAILED: a.o",
+            "/x/csrc/ops/add/add.cpp:12:5: error: 'foo' was not declared in this scope",
+            "   12 |     foo();",
+            '/x/csrc/ops/add/add_kernel.cu(7): error: identifier "bar" is undefined',
+            "/x/a.h:3:10: fatal error: missing.h: No such file or directory",
+            "ninja: build stopped: subcommand failed.",
+        ]
+    )
+    diags = parse_diagnostics(out)
+    assert [(d.file, d.line) for d in diags] == [("/x/csrc/ops/add/add.cpp", 12), ("/x/csrc/ops/add/add_kernel.cu", 7), ("/x/a.h", 3)]
+    assert diags[1].message == 'identifier "bar" is undefined'
+
+
+def test_static_libstdcxx_is_refused(tmp_path, cache, monkeypatch):
+    wrapper_dir = tmp_path / "bin"
+    wrapper_dir.mkdir()
+    wrapper = wrapper_dir / "g++"
+    wrapper.write_text('#!/bin/sh\nexec /usr/bin/g++ -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    body = "#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n"
+    cfg = _tiny(tmp_path, "opforge_tiny_static", body=body)
+    with pytest.raises(BuildError, match="linked libstdc\\+\\+ statically"):
+        load_library(cfg, quiet=True)
+
+
+def test_concurrent_processes_build_once(tmp_path, cache):
+    cfg = _tiny(tmp_path, "opforge_tiny_race")
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from opforge.build import BuildConfig, load_library
+        import torch
+        lib = load_library(BuildConfig("opforge_tiny_race", (Path({str(cfg.sources[0])!r}),), (Path({str(tmp_path)!r}),), ("-O0",)))
+        assert torch.ops.opforge_tiny_race.twice(4) == 8
+        print("BUILT" if lib.built_now else "CACHED")
+    """)
+    # Python imports opforge.build only: the op library itself is not needed.
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert sorted(o[0].strip() for o in outs) == ["BUILT", "CACHED", "CACHED", "CACHED"]
+
+
+def test_killed_build_leaves_nothing_that_blocks_the_next(tmp_path, cache):
+    """SIGKILL a first `import opforge` mid-compile (compiler processes too); the
+    next import builds, loads and works."""
+    env = {"OPFORGE_CACHE_DIR": str(cache), "OPFORGE_BUILD_CUDA": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import opforge"],
+        env={**os.environ, "PYTHONPATH": SRC, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(cache.glob("opforge_ops-*/build.ninja")):
+        time.sleep(0.1)
+    time.sleep(2.0)  # inside the compile: it takes ~15 s on two cores
+    assert proc.poll() is None, "the first build finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(cache.glob("opforge_ops-*/lock")) or list(cache.glob("opforge_ops-*/build.ninja"))  # debris left behind
+    done = _run(
+        "import torch, opforge; print(opforge.library.built_now, torch.ops.opforge.add(torch.ones(3), torch.ones(3)).tolist())",
+        env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "True [2.0, 2.0, 2.0]"
+
+
+def test_second_import_does_not_rebuild():
+    code = (
+        "import time; t = time.perf_counter(); import torch; t1 = time.perf_counter(); import opforge; "
+        "print(opforge.library.built_now, time.perf_counter() - t1)"
+    )
+    _run(code, {})  # the session's library is built already; make sure of it
+    res = _run(code, {})
+    assert res.returncode == 0, res.stderr[-3000:]
+    built, seconds = res.stdout.split()
+    assert built == "False"
+    print(f"import opforge with a warm cache: {float(seconds) * 1e3:.0f} ms")
+    assert float(seconds) < 2.0  # a rebuild takes ~15 s; loading takes tens of ms
+    assert "building" not in res.stderr
+
+
+def test_import_does_not_initialise_cuda():
+    # A CUDA context made at import breaks forked workers and costs hundreds of ms.
+    res = _run("import torch, opforge; print(torch.cuda.is_initialized())", {})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "False"
