@@ -126,12 +126,27 @@ inline void parallel_for_each(int64_t n, F&& f) {
 // pure-CUDA launchers (defined in cuda_stream.cpp, the one file of the library
 // that includes c10/cuda headers).
 void* current_cuda_stream(const at::Device& device);
-
-// Launchers return nullptr or the CUDA error string.
-inline void check_launch(const char* op, const char* error) {
-  TORCH_CHECK(error == nullptr, op, ": CUDA kernel failed: ", error);
-}
 #endif
+
+// Runs an operator's kernel over `out`'s elements: on a CUDA tensor, the
+// launcher under a guard for its device with the current stream
+// (`launch(void* stream)` returns nullptr or CUDA's error string); on the CPU,
+// `cpu_loop()`. Nothing runs for an empty tensor (a zero-block grid is a
+// launch error). `launch` is a generic lambda so a CPU-only build never
+// instantiates it and needs no launcher symbols.
+template <typename Launch, typename CpuLoop>
+void run_kernel(const char* op, const at::Tensor& out, Launch&& launch, CpuLoop&& cpu_loop) {
+  if (out.numel() == 0) return;
+#ifdef OPFORGE_WITH_CUDA
+  if (out.is_cuda()) {
+    const c10::DeviceGuard guard(out.device());
+    const char* error = launch(current_cuda_stream(out.device()));
+    TORCH_CHECK(error == nullptr, op, ": CUDA kernel failed: ", error);
+    return;
+  }
+#endif
+  cpu_loop();
+}
 
 }  // namespace opforge
 

@@ -13,24 +13,23 @@ constexpr const char* kAddOut = "opforge::add_out";
 // out = a + b over contiguous tensors of one dtype, device and size.
 void add_into(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   const int64_t n = out.numel();
-  if (n == 0) return;
-#ifdef OPFORGE_WITH_CUDA
-  if (out.is_cuda()) {
-    const c10::DeviceGuard guard(out.device());
-    check_launch(op, add_cuda(to_dtype(out.scalar_type()), out.data_ptr(), a.const_data_ptr(),
-                              b.const_data_ptr(), n, current_cuda_stream(out.device())));
-    return;
-  }
-#endif
-  OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::add", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const scalar_t* x = a.const_data_ptr<scalar_t>();
-    const scalar_t* y = b.const_data_ptr<scalar_t>();
-    parallel_for_each(n, [=](int64_t i) {
-      o[i] = static_cast<scalar_t>(static_cast<acc_t>(x[i]) + static_cast<acc_t>(y[i]));
-    });
-  });
+  run_kernel(
+      op, out,
+      [&](auto stream) {
+        return add_cuda(to_dtype(out.scalar_type()), out.data_ptr(), a.const_data_ptr(),
+                        b.const_data_ptr(), n, stream);
+      },
+      [&] {
+        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::add", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          scalar_t* o = out.data_ptr<scalar_t>();
+          const scalar_t* x = a.const_data_ptr<scalar_t>();
+          const scalar_t* y = b.const_data_ptr<scalar_t>();
+          parallel_for_each(n, [=](int64_t i) {
+            o[i] = static_cast<scalar_t>(static_cast<acc_t>(x[i]) + static_cast<acc_t>(y[i]));
+          });
+        });
+      });
 }
 
 void check_inputs(const char* op, const at::Tensor& a, const at::Tensor& b) {

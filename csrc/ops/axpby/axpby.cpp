@@ -20,27 +20,25 @@ at::Tensor axpby(const at::Tensor& x, const at::Tensor& y, double alpha, double 
   const at::Tensor yc = y.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t n = out.numel();
-  if (n == 0) return out;
-#ifdef OPFORGE_WITH_CUDA
-  if (out.is_cuda()) {
-    const c10::DeviceGuard guard(out.device());
-    check_launch(kAxpby, axpby_cuda(to_dtype(out.scalar_type()), out.data_ptr(),
-                                    xc.const_data_ptr(), yc.const_data_ptr(), alpha, beta, n,
-                                    current_cuda_stream(out.device())));
-    return out;
-  }
-#endif
-  OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::axpby", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const acc_t a = static_cast<acc_t>(alpha);
-    const acc_t b = static_cast<acc_t>(beta);
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const scalar_t* u = xc.const_data_ptr<scalar_t>();
-    const scalar_t* v = yc.const_data_ptr<scalar_t>();
-    parallel_for_each(n, [=](int64_t i) {
-      o[i] = static_cast<scalar_t>(a * static_cast<acc_t>(u[i]) + b * static_cast<acc_t>(v[i]));
-    });
-  });
+  run_kernel(
+      kAxpby, out,
+      [&](auto stream) {
+        return axpby_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xc.const_data_ptr(),
+                          yc.const_data_ptr(), alpha, beta, n, stream);
+      },
+      [&] {
+        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::axpby", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          const acc_t a = static_cast<acc_t>(alpha);
+          const acc_t b = static_cast<acc_t>(beta);
+          scalar_t* o = out.data_ptr<scalar_t>();
+          const scalar_t* u = xc.const_data_ptr<scalar_t>();
+          const scalar_t* v = yc.const_data_ptr<scalar_t>();
+          parallel_for_each(n, [=](int64_t i) {
+            o[i] = static_cast<scalar_t>(a * static_cast<acc_t>(u[i]) + b * static_cast<acc_t>(v[i]));
+          });
+        });
+      });
   return out;
 }
 
@@ -51,30 +49,27 @@ std::tuple<at::Tensor, at::Tensor> axpby_backward(const at::Tensor& grad, double
   at::Tensor grad_x = at::empty(grad.sizes(), grad.options());
   at::Tensor grad_y = at::empty(grad.sizes(), grad.options());
   const int64_t n = gc.numel();
-  if (n == 0) return {grad_x, grad_y};
-#ifdef OPFORGE_WITH_CUDA
-  if (gc.is_cuda()) {
-    const c10::DeviceGuard guard(gc.device());
-    check_launch(kAxpbyBackward,
-                 axpby_backward_cuda(to_dtype(gc.scalar_type()), grad_x.data_ptr(),
-                                     grad_y.data_ptr(), gc.const_data_ptr(), alpha, beta, n,
-                                     current_cuda_stream(gc.device())));
-    return {grad_x, grad_y};
-  }
-#endif
-  OPFORGE_DISPATCH_FLOATING(gc.scalar_type(), "opforge::axpby_backward", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const acc_t a = static_cast<acc_t>(alpha);
-    const acc_t b = static_cast<acc_t>(beta);
-    scalar_t* gx = grad_x.data_ptr<scalar_t>();
-    scalar_t* gy = grad_y.data_ptr<scalar_t>();
-    const scalar_t* g = gc.const_data_ptr<scalar_t>();
-    parallel_for_each(n, [=](int64_t i) {
-      const acc_t t = static_cast<acc_t>(g[i]);
-      gx[i] = static_cast<scalar_t>(a * t);
-      gy[i] = static_cast<scalar_t>(b * t);
-    });
-  });
+  run_kernel(
+      kAxpbyBackward, grad_x,
+      [&](auto stream) {
+        return axpby_backward_cuda(to_dtype(gc.scalar_type()), grad_x.data_ptr(), grad_y.data_ptr(),
+                                   gc.const_data_ptr(), alpha, beta, n, stream);
+      },
+      [&] {
+        OPFORGE_DISPATCH_FLOATING(gc.scalar_type(), "opforge::axpby_backward", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          const acc_t a = static_cast<acc_t>(alpha);
+          const acc_t b = static_cast<acc_t>(beta);
+          scalar_t* gx = grad_x.data_ptr<scalar_t>();
+          scalar_t* gy = grad_y.data_ptr<scalar_t>();
+          const scalar_t* g = gc.const_data_ptr<scalar_t>();
+          parallel_for_each(n, [=](int64_t i) {
+            const acc_t t = static_cast<acc_t>(g[i]);
+            gx[i] = static_cast<scalar_t>(a * t);
+            gy[i] = static_cast<scalar_t>(b * t);
+          });
+        });
+      });
   return {grad_x, grad_y};
 }
 

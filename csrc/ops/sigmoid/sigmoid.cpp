@@ -17,23 +17,22 @@ at::Tensor sigmoid(const at::Tensor& x) {
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t n = out.numel();
-  if (n == 0) return out;
-#ifdef OPFORGE_WITH_CUDA
-  if (out.is_cuda()) {
-    const c10::DeviceGuard guard(out.device());
-    check_launch(kSigmoid, sigmoid_cuda(to_dtype(out.scalar_type()), out.data_ptr(),
-                                        xc.const_data_ptr(), n, current_cuda_stream(out.device())));
-    return out;
-  }
-#endif
-  OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::sigmoid", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const scalar_t* v = xc.const_data_ptr<scalar_t>();
-    parallel_for_each(n, [=](int64_t i) {
-      o[i] = static_cast<scalar_t>(acc_t(1) / (acc_t(1) + std::exp(-static_cast<acc_t>(v[i]))));
-    });
-  });
+  run_kernel(
+      kSigmoid, out,
+      [&](auto stream) {
+        return sigmoid_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xc.const_data_ptr(), n,
+                            stream);
+      },
+      [&] {
+        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::sigmoid", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          scalar_t* o = out.data_ptr<scalar_t>();
+          const scalar_t* v = xc.const_data_ptr<scalar_t>();
+          parallel_for_each(n, [=](int64_t i) {
+            o[i] = static_cast<scalar_t>(acc_t(1) / (acc_t(1) + std::exp(-static_cast<acc_t>(v[i]))));
+          });
+        });
+      });
   return out;
 }
 
@@ -44,27 +43,24 @@ at::Tensor sigmoid_backward(const at::Tensor& grad, const at::Tensor& y) {
   const at::Tensor yc = y.contiguous();
   at::Tensor out = at::empty(grad.sizes(), grad.options());
   const int64_t n = out.numel();
-  if (n == 0) return out;
-#ifdef OPFORGE_WITH_CUDA
-  if (out.is_cuda()) {
-    const c10::DeviceGuard guard(out.device());
-    check_launch(kSigmoidBackward,
-                 sigmoid_backward_cuda(to_dtype(out.scalar_type()), out.data_ptr(),
-                                       gc.const_data_ptr(), yc.const_data_ptr(), n,
-                                       current_cuda_stream(out.device())));
-    return out;
-  }
-#endif
-  OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::sigmoid_backward", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const scalar_t* g = gc.const_data_ptr<scalar_t>();
-    const scalar_t* s = yc.const_data_ptr<scalar_t>();
-    parallel_for_each(n, [=](int64_t i) {
-      const acc_t t = static_cast<acc_t>(s[i]);
-      o[i] = static_cast<scalar_t>(static_cast<acc_t>(g[i]) * t * (acc_t(1) - t));
-    });
-  });
+  run_kernel(
+      kSigmoidBackward, out,
+      [&](auto stream) {
+        return sigmoid_backward_cuda(to_dtype(out.scalar_type()), out.data_ptr(),
+                                     gc.const_data_ptr(), yc.const_data_ptr(), n, stream);
+      },
+      [&] {
+        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::sigmoid_backward", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          scalar_t* o = out.data_ptr<scalar_t>();
+          const scalar_t* g = gc.const_data_ptr<scalar_t>();
+          const scalar_t* s = yc.const_data_ptr<scalar_t>();
+          parallel_for_each(n, [=](int64_t i) {
+            const acc_t t = static_cast<acc_t>(s[i]);
+            o[i] = static_cast<scalar_t>(static_cast<acc_t>(g[i]) * t * (acc_t(1) - t));
+          });
+        });
+      });
   return out;
 }
 

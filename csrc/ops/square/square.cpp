@@ -14,24 +14,23 @@ at::Tensor square(const at::Tensor& x) {
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t n = out.numel();
-  if (n == 0) return out;
-#ifdef OPFORGE_WITH_CUDA
-  if (out.is_cuda()) {
-    const c10::DeviceGuard guard(out.device());
-    check_launch(kSquare, square_cuda(to_dtype(out.scalar_type()), out.data_ptr(),
-                                      xc.const_data_ptr(), n, current_cuda_stream(out.device())));
-    return out;
-  }
-#endif
-  OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::square", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const scalar_t* v = xc.const_data_ptr<scalar_t>();
-    parallel_for_each(n, [=](int64_t i) {
-      const acc_t t = static_cast<acc_t>(v[i]);
-      o[i] = static_cast<scalar_t>(t * t);
-    });
-  });
+  run_kernel(
+      kSquare, out,
+      [&](auto stream) {
+        return square_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xc.const_data_ptr(), n,
+                           stream);
+      },
+      [&] {
+        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::square", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          scalar_t* o = out.data_ptr<scalar_t>();
+          const scalar_t* v = xc.const_data_ptr<scalar_t>();
+          parallel_for_each(n, [=](int64_t i) {
+            const acc_t t = static_cast<acc_t>(v[i]);
+            o[i] = static_cast<scalar_t>(t * t);
+          });
+        });
+      });
   return out;
 }
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from opforge.spec import FLOAT_DTYPES, BadInput, Cost
+from opforge.spec import FLOAT_DTYPES, BadInput, Cost, Sample, SampleFn
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
@@ -75,6 +76,26 @@ def tensor_samples(
     distribution (a scale, a sigmoid) without losing the layout."""
     for desc in layouts:
         yield desc, _layout(desc, n, dtype, device, gen, values)
+
+
+def elementwise_samples(n: int, values: Transform | None = None) -> SampleFn:
+    """A spec's ``samples``: ``n`` random tensors of one layout, for every layout."""
+
+    def samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[Sample]:
+        for desc, tensors in tensor_samples(n, device, dtype, gen, values=values):
+            yield Sample(tuple(tensors), desc=desc)
+
+    return samples
+
+
+def elementwise_bench(n: int, *extra: Any, **kwargs: Any) -> SampleFn:
+    """A spec's ``bench_cases``: ``n`` contiguous random tensors per size, then ``extra`` and ``kwargs``."""
+
+    def cases(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[Sample]:
+        for desc, tensors in bench_tensors(n, device, dtype, gen):
+            yield Sample((*tensors, *extra), kwargs, desc=desc)
+
+    return cases
 
 
 def like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

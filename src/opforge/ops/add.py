@@ -7,7 +7,8 @@ import torch
 from opforge.ops._elementwise import (
     OUT_LAYOUTS,
     bad_elementwise,
-    bench_tensors,
+    elementwise_bench,
+    elementwise_samples,
     expect_floating,
     expect_out,
     expect_same,
@@ -39,16 +40,6 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return grad, grad
 
 
-def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (a, b) in tensor_samples(2, device, dtype, gen):
-        yield Sample((a, b), desc=desc)
-
-
-def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (a, b) in bench_tensors(2, device, dtype, gen):
-        yield Sample((a, b), desc=desc)
-
-
 def _cost(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):  # noqa: ANN202
     return streaming_cost(a, b, a, flops_per_element=1)
 
@@ -65,11 +56,6 @@ def _reference_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
 def _samples_out(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
     for desc, (a, b) in tensor_samples(2, device, dtype, gen, OUT_LAYOUTS):
         yield Sample((a, b, like(a, gen)), desc=desc)
-
-
-def _bench_out(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (a, b, out) in bench_tensors(3, device, dtype, gen):
-        yield Sample((a, b, out), desc=desc)
 
 
 def _bad_out(device: torch.device) -> list[BadInput]:
@@ -103,10 +89,10 @@ SPECS = [
         name="add",
         doc="a + b, elementwise, for two tensors of one shape, dtype and device.",
         reference=torch.add,
-        samples=_samples,
+        samples=elementwise_samples(2),
         bad_inputs=lambda device: bad_elementwise("add", ("a", "b"), device),
         cost=_cost,
-        bench_cases=_bench,
+        bench_cases=elementwise_bench(2),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
@@ -118,7 +104,7 @@ SPECS = [
         samples=_samples_out,
         bad_inputs=_bad_out,
         cost=_cost,
-        bench_cases=_bench_out,
+        bench_cases=elementwise_bench(3),
         fake=_fake_out,
     ),
 ]

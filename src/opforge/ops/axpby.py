@@ -7,7 +7,7 @@ import torch
 
 from opforge.ops._elementwise import (
     bad_elementwise,
-    bench_tensors,
+    elementwise_bench,
     expect_floating,
     expect_same,
     streaming_cost,
@@ -54,11 +54,6 @@ def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  #
             yield Sample((x, y), {"alpha": alpha, "beta": beta}, desc=f"{desc}, alpha={alpha} beta={beta}")
 
 
-def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (x, y) in bench_tensors(2, device, dtype, gen):
-        yield Sample((x, y), {"alpha": 1.5, "beta": -0.5}, desc=desc)
-
-
 def _fake_backward(grad: torch.Tensor, alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
     expect_floating(OP_BACKWARD, "grad", grad)
     return grad.new_empty(grad.shape), grad.new_empty(grad.shape)
@@ -70,11 +65,6 @@ def _samples_backward(device: torch.device, dtype: torch.dtype, gen: torch.Gener
         yield Sample((g, alpha, beta), desc=f"{desc}, alpha={alpha} beta={beta}")
 
 
-def _bench_backward(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (g,) in bench_tensors(1, device, dtype, gen):
-        yield Sample((g, 1.5, -0.5), desc=desc)
-
-
 SPECS = [
     OpSpec(
         name="axpby",
@@ -83,7 +73,7 @@ SPECS = [
         samples=_samples,
         bad_inputs=lambda device: bad_elementwise("axpby", ("x", "y"), device),
         cost=lambda x, y, alpha=3.0, beta=-1.0: streaming_cost(x, y, x, flops_per_element=3),
-        bench_cases=_bench,
+        bench_cases=elementwise_bench(2, alpha=1.5, beta=-0.5),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
@@ -95,7 +85,7 @@ SPECS = [
         samples=_samples_backward,
         bad_inputs=lambda device: bad_elementwise("axpby_backward", ("grad",), device, extra=(1.0, 2.0)),
         cost=lambda grad, alpha, beta: streaming_cost(grad, grad, grad, flops_per_element=2),
-        bench_cases=_bench_backward,
+        bench_cases=elementwise_bench(1, 1.5, -0.5),
         fake=_fake_backward,
     ),
 ]

@@ -8,6 +8,8 @@ import torch
 from opforge.ops._elementwise import (
     bad_elementwise,
     bench_tensors,
+    elementwise_bench,
+    elementwise_samples,
     expect_floating,
     expect_same,
     streaming_cost,
@@ -37,17 +39,6 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return torch.ops.opforge.sigmoid_backward(grad, y)
 
 
-def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    # Scaled so the tails, where exp(-x) over- or underflows, are sampled too.
-    for desc, (x,) in tensor_samples(1, device, dtype, gen, values=lambda t: t * 8):
-        yield Sample((x,), desc=desc)
-
-
-def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (x,) in bench_tensors(1, device, dtype, gen):
-        yield Sample((x,), desc=desc)
-
-
 def _fake_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     expect_floating(OP_BACKWARD, "grad", grad)
     expect_same(OP_BACKWARD, "grad", grad, "y", y)
@@ -72,10 +63,11 @@ SPECS = [
         name="sigmoid",
         doc="1 / (1 + exp(-x)), elementwise; differentiable through opforge::sigmoid_backward.",
         reference=torch.sigmoid,
-        samples=_samples,
+        # Scaled so the tails, where exp(-x) over- or underflows, are sampled too.
+        samples=elementwise_samples(1, values=lambda t: t * 8),
         bad_inputs=lambda device: bad_elementwise("sigmoid", ("x",), device),
         cost=lambda x: streaming_cost(x, x, flops_per_element=4),
-        bench_cases=_bench,
+        bench_cases=elementwise_bench(1),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,

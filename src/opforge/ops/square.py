@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops._elementwise import bad_elementwise, bench_tensors, expect_floating, streaming_cost, tensor_samples
-from opforge.spec import OpSpec, Sample
+from opforge.ops._elementwise import bad_elementwise, elementwise_bench, elementwise_samples, expect_floating, streaming_cost
+from opforge.spec import OpSpec
 
 
 def _fake(x: torch.Tensor) -> torch.Tensor:
@@ -22,25 +22,15 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return grad * 2 * x
 
 
-def _samples(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (x,) in tensor_samples(1, device, dtype, gen):
-        yield Sample((x,), desc=desc)
-
-
-def _bench(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (x,) in bench_tensors(1, device, dtype, gen):
-        yield Sample((x,), desc=desc)
-
-
 SPECS = [
     OpSpec(
         name="square",
         doc="x * x, elementwise.",
         reference=lambda x: x * x,
-        samples=_samples,
+        samples=elementwise_samples(1),
         bad_inputs=lambda device: bad_elementwise("square", ("x",), device),
         cost=lambda x: streaming_cost(x, x, flops_per_element=1),
-        bench_cases=_bench,
+        bench_cases=elementwise_bench(1),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
