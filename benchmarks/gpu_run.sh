@@ -22,7 +22,11 @@ python3 -c "import opforge; print(opforge.library)" 2>&1 | tee "$OUT/build.log"
 build_rc=${PIPESTATUS[0]}
 echo "build rc=$build_rc in $(( $(date +%s) - start )) s"
 [ "$build_rc" = 0 ] || exit 1
-python3 -c "import time; t=time.perf_counter(); import torch; t1=time.perf_counter(); import opforge; print(f'second import: torch {t1-t:.2f} s, opforge {time.perf_counter()-t1:.3f} s, rebuilt={opforge.library.built_now}')" | tee -a "$OUT/build.log"
+python3 -c "import time; t=time.perf_counter(); import torch; t1=time.perf_counter(); import opforge; print(f'second import: torch {t1-t:.2f} s, opforge {time.perf_counter()-t1:.3f} s, rebuilt={opforge.library.built_now}, CUDA initialised by it: {torch.cuda.is_initialized()}')" | tee -a "$OUT/build.log"
 python3 -m pytest tests -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
 python3 -m opforge check --device cuda --seed 1 2>&1 | tee "$OUT/check.log" | tail -15
 python3 -m opforge bench --device cuda --seed 1 --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -90
+# Memory checker over every CUDA kernel on the reference samples (odd sizes, offsets, 2^20+3).
+timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
+  python3 -m opforge check --device cuda --checks reference --seed 2 2>&1 | tee "$OUT/memcheck.log" | tail -4
+echo "memcheck rc=${PIPESTATUS[0]}"

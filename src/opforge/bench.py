@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -137,6 +138,9 @@ def _device_name(device: torch.device) -> str:
 
 
 def _git_commit() -> str | None:
+    """The checkout's commit; OPFORGE_GIT_COMMIT where the tree is a copy without .git."""
+    if os.environ.get("OPFORGE_GIT_COMMIT"):
+        return os.environ["OPFORGE_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent, timeout=5)
         return out.stdout.strip()
