@@ -208,3 +208,10 @@ def test_import_does_not_initialise_cuda():
     res = _run("import torch, opforge; print(torch.cuda.is_initialized())", {})
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "False"
+
+
+def test_warm_import_stays_light():
+    # torch.utils.cpp_extension imports setuptools (~0.5 s); only a build needs it.
+    res = _run("import sys, opforge; print('torch.utils.cpp_extension' in sys.modules, 'setuptools' in sys.modules)", {})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "False False"

@@ -215,7 +215,7 @@ def _check_toolchain(cfg: BuildConfig) -> None:
 
         nvcc = Path(CUDA_HOME or "") / "bin" / "nvcc"
         if not CUDA_HOME or not nvcc.exists():
-            raise BuildError("opforge: CUDA kernels were asked for but nvcc was not found (set CUDA_HOME)")
+            raise BuildError(f"opforge: CUDA kernels were asked for but nvcc was not found (CUDA_HOME={CUDA_HOME}; set CUDA_HOME)")
 
 
 def _check_shared_libstdcxx(so: Path) -> None:
