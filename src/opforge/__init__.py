@@ -5,21 +5,39 @@ building it on first use (JIT, cached under ``~/.cache/opforge`` or
 ``OPFORGE_CACHE_DIR``), registers each operator's fake kernel and autograd
 formula from its spec, and exposes a public function per operator:
 ``opforge.add``, ``opforge.square``, ``opforge.axpby``, ``opforge.sigmoid``, ...
+
+``OPFORGE_NO_AUTOLOAD=1`` defers that to an explicit ``opforge.load()``: the
+``opforge`` command sets it, so ``opforge doctor`` still runs when a build fails.
 """
 
 from __future__ import annotations
 
-from opforge.build import library_config, load_library
+import os
+
+from opforge.build import Library, library_config, load_library
 from opforge.spec import all_specs, register_module
 
 __version__ = "0.1.0"
 
-#: The loaded op library: its path, cache key and whether CUDA kernels are in it.
-library = load_library(library_config())
+#: The loaded op library (path, cache key, CUDA or not); None until load().
+library: Library | None = None
 
-for _spec in register_module("opforge.ops"):
-    globals()[_spec.name] = _spec.function
 
-from opforge import nn  # noqa: E402 - needs the operators above
+def load() -> Library:
+    """Builds (first use) and loads the op library, registers the specs and
+    their public functions. Idempotent."""
+    global library
+    if library is None:
+        lib = load_library(library_config())
+        for spec in register_module("opforge.ops"):
+            globals()[spec.name] = spec.function
+        library = lib
+    return library
 
-__all__ = ["all_specs", "library", "nn", *(_s.name for _s in all_specs())]
+
+if os.environ.get("OPFORGE_NO_AUTOLOAD") != "1":
+    load()
+
+from opforge import nn  # noqa: E402 - after the operators, which its modules call
+
+__all__ = ["all_specs", "library", "load", "nn", *(_s.name for _s in all_specs())]

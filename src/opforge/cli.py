@@ -18,17 +18,28 @@ out = Console(width=_WIDTH)
 err = Console(stderr=True)
 
 
+def _library():  # noqa: ANN202
+    """The op library, built and loaded; a build failure is a message, not a traceback."""
+    import opforge
+    from opforge.build import BuildError
+
+    try:
+        return opforge.load()
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        raise SystemExit(1) from None
+
+
 def _device(name: str):  # noqa: ANN202 - torch imported lazily
     import torch
 
+    _library()
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
-        import opforge
-
         if not torch.cuda.is_available():
             raise SystemExit("opforge: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
-        if not opforge.library.with_cuda:
+        if not _library().with_cuda:
             raise SystemExit("opforge: --device cuda but the op library was built without CUDA kernels (no nvcc, or OPFORGE_BUILD_CUDA=0)")
     return torch.device(name)
 
@@ -36,6 +47,7 @@ def _device(name: str):  # noqa: ANN202 - torch imported lazily
 def _specs(names: Sequence[str]):  # noqa: ANN202
     from opforge.spec import get_specs
 
+    _library()
     try:
         return get_specs(names)
     except KeyError as exc:
@@ -47,9 +59,7 @@ def _seed(seed: int | None) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    import opforge
-
-    lib = opforge.library
+    lib = _library()
     how = f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
     out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
     return 0
