@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (device tool): build with CUDA, run the tests
-# (CUDA ones included), `opforge check --device cuda`, `opforge bench --device
-# cuda --json`. Full logs under $OUT; a short summary last.
-# Usage there: bash benchmarks/gpu_run.sh  (uses the machine's torch, PYTHONPATH=src)
+# The GPU machine's work (device tool), in two calls that each fit its 10-minute limit:
+#   bash benchmarks/gpu_run.sh verify   # build with CUDA, all tests, doctor, profile add (+ --sanitize)
+#   bash benchmarks/gpu_run.sh bench    # check --seeds 2, bench --sweep (JSON, CSV, PNG), bench --graph
+# Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 OPFORGE_CACHE_DIR=${OPFORGE_CACHE_DIR:-/tmp/opforge-cache}
@@ -12,6 +12,8 @@ OUT=${OUT:-/tmp/opforge-out}
 # system compilers.
 export CXX=${OPFORGE_GPU_CXX:-g++} CC=${OPFORGE_GPU_CC:-gcc} CUDAHOSTCXX=${OPFORGE_GPU_CXX:-g++}
 mkdir -p "$OUT"
+opforge() { python3 -m opforge "$@"; }
+
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
@@ -19,14 +21,25 @@ mkdir -p "$OUT"
 } 2>&1 | tee "$OUT/env.txt"
 start=$(date +%s)
 python3 -c "import opforge; print(opforge.library)" 2>&1 | tee "$OUT/build.log"
-build_rc=${PIPESTATUS[0]}
-echo "build rc=$build_rc in $(( $(date +%s) - start )) s"
-[ "$build_rc" = 0 ] || exit 1
-python3 -c "import time; t=time.perf_counter(); import torch; t1=time.perf_counter(); import opforge; print(f'second import: torch {t1-t:.2f} s, opforge {time.perf_counter()-t1:.3f} s, rebuilt={opforge.library.built_now}, CUDA initialised by it: {torch.cuda.is_initialized()}')" | tee -a "$OUT/build.log"
-python3 -m pytest tests -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
-python3 -m opforge check --device cuda --seed 1 2>&1 | tee "$OUT/check.log" | tail -15
-python3 -m opforge bench --device cuda --seed 1 --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -90
-# Memory checker over every CUDA kernel on the reference samples (odd sizes, offsets, 2^20+3).
-timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
-  python3 -m opforge check --device cuda --checks reference --seed 2 2>&1 | tee "$OUT/memcheck.log" | tail -4
-echo "memcheck rc=${PIPESTATUS[0]}"
+[ "${PIPESTATUS[0]}" = 0 ] || exit 1
+echo "build: $(( $(date +%s) - start )) s"
+python3 -c "import time; t=time.perf_counter(); import torch; t1=time.perf_counter(); import opforge; print(f'warm import: torch {t1-t:.2f} s, opforge {(time.perf_counter()-t1)*1e3:.0f} ms, rebuilt={opforge.library.built_now}, CUDA initialised by it: {torch.cuda.is_initialized()}')" | tee -a "$OUT/build.log"
+
+case "${1:-verify}" in
+verify)
+  python3 -m pytest tests -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -8
+  opforge doctor 2>&1 | tee "$OUT/doctor.txt" | tail -40
+  echo "doctor rc=${PIPESTATUS[0]}"
+  opforge profile add 2>&1 | tee "$OUT/profile.txt" | tail -15
+  echo "profile rc=${PIPESTATUS[0]}"
+  opforge profile add --sanitize 2>&1 | tee "$OUT/sanitize.txt" | tail -15
+  echo "sanitize rc=${PIPESTATUS[0]}"
+  ;;
+bench)
+  opforge check --device cuda --seed 1 --seeds 2 2>&1 | tee "$OUT/check.log" | tail -22
+  opforge bench --device cuda --seed 1 --sweep --budget ${BUDGET:-0.2} --json "$OUT/bench.json" --csv "$OUT/bench.csv" \
+    --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" | grep -E "2\^2[48] |2\^1[26] |wrote|no .* timing" | head -80
+  opforge bench --device cuda --seed 1 --graph --dtype float32 --budget 0.1 --no-compile --json "$OUT/bench-graph.json" \
+    2>&1 | tee "$OUT/bench-graph.log" | grep -E "2\^(16|20) "
+  ;;
+esac

@@ -44,19 +44,37 @@ def test_check_cuda_without_a_gpu_says_why():
     assert res.returncode != 0 and "torch sees no GPU" in res.stderr
 
 
-def test_bench_writes_json(tmp_path):
+def test_bench_writes_json_csv_and_compares(tmp_path):
     path = tmp_path / "bench.json"
-    res = opforge_cli("bench", "square", "--device", "cpu", "--dtype", "float32", "--budget", "0.02", "--json", str(path), "--seed", "3")
+    args = ("bench", "square", "--device", "cpu", "--dtype", "float32", "--budget", "0.02", "--seed", "3", "--no-compile")
+    res = opforge_cli(*args, "--json", str(path), "--csv", str(tmp_path / "bench.csv"))
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(path.read_text())
     assert data["torch_version"] and data["device"] == "cpu" and data["date"] and data["threads"] >= 1
+    assert data["ceilings"]["copy_gbps"] > 0 and data["ceilings"]["matmul_tflops"]["float32"] > 0
     rows = data["rows"]
     assert [r["case"] for r in rows] == ["2^16", "2^20", "2^22"]
     for r in rows:
         assert r["status"] == "ok" and r["bytes"] == 8 * r["numel"]
-        assert r["opforge"]["median_us"] > 0 and r["torch"]["median_us"] > 0
-        assert abs(r["speedup"] - r["torch"]["median_us"] / r["opforge"]["median_us"]) < 1e-9
-    assert "opforge bench" in res.stdout and "speedup" in res.stdout
+        assert r["timings"]["opforge"]["median_us"] > 0 and r["timings"]["eager"]["median_us"] > 0
+        assert r["timings"]["compiled"] is None and r["notes"]["compiled"].startswith("not asked")
+        d = r["derived"]["eager"]
+        assert abs(d["speedup_of_opforge"] - r["timings"]["eager"]["median_us"] / r["timings"]["opforge"]["median_us"]) < 1e-9
+    lines = (tmp_path / "bench.csv").read_text().splitlines()
+    assert lines[0].startswith("# AMD") or lines[0].startswith("# ")
+    assert lines[1].startswith("op,dtype,case,impl,status") and len(lines) == 2 + 3 * 3
+    assert "opforge bench" in res.stdout and "vs eager" in res.stdout
+    res = opforge_cli(*args, "--compare", str(path))
+    assert "3 compared" in res.stdout and "against" in res.stdout
+
+
+def test_check_seeds_and_report():
+    res = opforge_cli("check", "square", "--device", "cpu", "--seed", "1", "--checks", "reference", "--seeds", "2", "--report")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "pass (104)" in res.stdout and "per case" in res.stdout and "float16 [offset 1, 1025]" in res.stdout
+    assert res.stdout.strip().endswith("1 passed, 0 failed")
+    res = opforge_cli("check", "square", "--seeds", "0")
+    assert res.returncode != 0 and "--seeds must be at least 1, got 0" in res.stderr
 
 
 def test_list_and_build():

@@ -1,86 +1,217 @@
-"""``opforge bench``: time each operator against its PyTorch reference, on the
-same inputs, after checking that it is right.
+"""``opforge bench``: time each operator against PyTorch, on the same inputs,
+after checking that it is right, and against what the machine can do.
 
-* It verifies first: every sample of the op against the float64 reference, and
-  each benchmark case's own output. A wrong kernel is refused, never timed.
-* GPU: CUDA events around each call, the L2 cache flushed before each timed
-  call (a buffer twice the L2 size is zeroed), warm-up first, the median kept.
-* CPU: ``time.perf_counter`` around each call, warm-up first, the median kept.
-* Achieved GB/s and TFLOP/s come from the op's cost model (bytes it must move,
-  FLOPs it must do), never from what a particular kernel happens to do.
+* Verification first: every sample of the op against the float64 reference,
+  then each benchmark case's own output. A wrong kernel is refused, never timed.
+* GPU: CUDA events around each call on the current stream, the L2 cache flushed
+  before each timed call (a buffer twice the L2 size is zeroed), warm-up first.
+  ``graph=True`` replays the call from a CUDA graph, removing launch overhead.
+* CPU: ``time.perf_counter`` around each call, warm-up first.
+* Stop rule: repetitions until the inter-quartile range is under 1 % of the
+  median, or the time budget per case and side is spent; median and IQR kept.
+* Inputs: fresh random data; when a case fits in L2 several input sets are
+  rotated, so no call finds its inputs left in cache by the previous one.
+* Baselines side by side: the op's PyTorch reference eager and under
+  ``torch.compile`` (if it compiles; if not, the reason is in the row).
+* Limits: achieved GB/s and TFLOP/s from the op's cost model, and the fraction
+  of the roofline floor from the machine's measured ceilings (``ceilings.py``).
 """
 
 from __future__ import annotations
 
+import csv
 import datetime
-import functools
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from opforge.ceilings import Ceilings
 from opforge.check import check_reference, generator, run_reference
-from opforge.spec import OpSpec
+from opforge.spec import OpSpec, Sample
 
 BENCH_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+IMPLS: tuple[str, ...] = ("opforge", "eager", "compiled")
+
+# Stop when the IQR is under 1 % of the median (the issue's stability rule).
+TARGET_SPREAD = 0.01
+# Input sets rotated when a case fits in L2: enough that the set a call reads
+# was last touched several calls (and one flush) ago.
+_MAX_INPUT_SETS = 8
 
 
 @dataclass
 class Timing:
-    """Per-call times in microseconds."""
+    """Per-call times in microseconds and why the repetitions stopped."""
 
     median_us: float
     p25_us: float
     p75_us: float
     reps: int
+    stop: str  # "stable", "budget" or "max reps"
+
+    @property
+    def spread(self) -> float:
+        """The inter-quartile range relative to the median."""
+        return (self.p75_us - self.p25_us) / self.median_us if self.median_us > 0 else math.inf
 
     @classmethod
-    def of(cls, samples_us: Sequence[float]) -> Timing:
-        q = statistics.quantiles(samples_us, n=4) if len(samples_us) >= 2 else [samples_us[0]] * 3
-        return cls(statistics.median(samples_us), q[0], q[2], len(samples_us))
+    def of(cls, samples_us: Sequence[float], stop: str) -> Timing:
+        q = statistics.quantiles(samples_us, n=4, method="inclusive") if len(samples_us) >= 2 else [samples_us[0]] * 3
+        return cls(statistics.median(samples_us), q[0], q[2], len(samples_us), stop)
 
 
-def time_cuda(fn: Callable[[], Any], *, budget_s: float, min_reps: int = 10, max_reps: int = 10_000) -> Timing:
-    device = torch.cuda.current_device()
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device="cuda")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < deadline):
-        batch = []
-        for _ in range(10):
-            flush.zero_()  # evict the inputs: time the op from DRAM, as in a model
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            batch.append((start, end))
-        torch.cuda.synchronize()
-        times += [s.elapsed_time(e) * 1e3 for s, e in batch]
-    return Timing.of(times)
+def repeat_until_stable(
+    batch: Callable[[int], list[float]],
+    *,
+    budget_s: float,
+    min_reps: int = 10,
+    max_reps: int = 100_000,
+    target_spread: float = TARGET_SPREAD,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Timing:
+    """Calls ``batch(k)`` (k timed calls, their times in us) until the spread of
+    all samples is under ``target_spread``, the budget is spent or ``max_reps`` reached."""
+    samples: list[float] = []
+    deadline = clock() + budget_s
+    while True:
+        samples += batch(min(10, max_reps - len(samples)))
+        if len(samples) >= min_reps and Timing.of(samples, "").spread < target_spread:
+            return Timing.of(samples, "stable")
+        if len(samples) >= max_reps:
+            return Timing.of(samples, "max reps")
+        if clock() >= deadline and len(samples) >= min_reps:
+            return Timing.of(samples, "budget")
 
 
-def time_cpu(fn: Callable[[], Any], *, budget_s: float, min_reps: int = 5, max_reps: int = 10_000) -> Timing:
-    for _ in range(2):
-        fn()
-    times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < deadline):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return Timing.of(times)
+class Timer:
+    """Times ``call(i)`` (i: the input set to use) on one device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+        else:
+            self.l2_bytes = _cpu_last_level_cache()
+        # Zeroing twice the last-level cache before each timed call evicts the
+        # inputs: the op is timed from DRAM, as it runs inside a model.
+        self._flush = torch.empty(max(2 * self.l2_bytes, 1 << 20), dtype=torch.uint8, device=device)
+
+    def batch(self, call: Callable[[int], Any]) -> Callable[[int], list[float]]:
+        counter = [0]
+
+        def next_index() -> int:
+            counter[0] += 1
+            return counter[0]
+
+        if self.device.type == "cuda":
+
+            def run(k: int) -> list[float]:
+                events = []
+                for _ in range(k):
+                    self._flush.zero_()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    call(next_index())
+                    end.record()
+                    events.append((start, end))
+                torch.cuda.synchronize(self.device)
+                return [s.elapsed_time(e) * 1e3 for s, e in events]
+
+            return run
+
+        def run_cpu(k: int) -> list[float]:
+            out = []
+            for _ in range(k):
+                i = next_index()
+                self._flush.zero_()
+                t0 = time.perf_counter()
+                call(i)
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+
+        return run_cpu
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _cpu_last_level_cache() -> int:
+    """Bytes of the largest CPU cache (sysfs), 32 MiB if it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip()
+            sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=32 << 20)
+
+
+def _input_bytes(sample: Sample) -> int:
+    return sum(a.numel() * a.element_size() for a in sample.args if isinstance(a, torch.Tensor))
+
+
+def input_sets(sample: Sample, l2_bytes: int, gen: torch.Generator) -> list[Sample]:
+    """The sample and, when it fits in L2 several times over, fresh copies of it:
+    each tensor's values permuted (same distribution, new arrangement)."""
+    size = _input_bytes(sample)
+    if size == 0 or l2_bytes == 0 or size > l2_bytes:
+        return [sample]
+    n = min(_MAX_INPUT_SETS, max(2, math.ceil(2 * l2_bytes / size)))
+    sets = [sample]
+    for _ in range(n - 1):
+        args = []
+        for a in sample.args:
+            if isinstance(a, torch.Tensor) and a.is_contiguous() and a.numel() > 0:
+                perm = torch.randperm(a.numel(), generator=gen, device=gen.device).to(a.device)
+                a = a.reshape(-1)[perm].reshape(a.shape)
+            args.append(a)
+        sets.append(Sample(tuple(args), sample.kwargs, sample.desc))
+    return sets
+
+
+def _graphed(fn: Callable[..., Any], sets: Sequence[Sample]) -> Callable[[int], Any]:
+    """One CUDA graph per input set, each replaying a single call."""
+    graphs = []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for s in sets:
+            for _ in range(3):  # warm-up outside capture: allocator, compile, lazy init
+                fn(*s.args, **s.kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    for s in sets:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(*s.args, **s.kwargs)
+        graphs.append(g)
+    return lambda i: graphs[i % len(graphs)].replay()
+
+
+def time_fn(fn: Callable[..., Any], sets: Sequence[Sample], timer: Timer, *, budget_s: float, graph: bool) -> Timing:
+    if graph:
+        call = _graphed(fn, sets)
+    else:
+
+        def call(i: int) -> Any:
+            s = sets[i % len(sets)]
+            return fn(*s.args, **s.kwargs)
+
+    for i in range(3):
+        call(i)
+    timer.sync()
+    return repeat_until_stable(timer.batch(call), budget_s=budget_s)
 
 
 @dataclass
@@ -92,36 +223,59 @@ class BenchRow:
     numel: int = 0
     bytes: int = 0
     flops: int = 0
-    opforge: Timing | None = None
-    torch: Timing | None = None
+    timings: dict[str, Timing | None] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # impl -> why it has no timing
+    floor_us: float | None = None
 
-    @property
-    def speedup(self) -> float | None:
-        if self.opforge and self.torch:
-            return self.torch.median_us / self.opforge.median_us
-        return None
+    def median(self, impl: str) -> float | None:
+        t = self.timings.get(impl)
+        return t.median_us if t else None
 
-    def gbps(self, t: Timing | None) -> float | None:
-        return self.bytes / (t.median_us * 1e3) if t else None
+    def speedup(self, baseline: str) -> float | None:
+        """How many times faster opforge is than ``baseline``."""
+        ours, theirs = self.median("opforge"), self.median(baseline)
+        return theirs / ours if ours and theirs else None
+
+    def gbps(self, impl: str) -> float | None:
+        m = self.median(impl)
+        return self.bytes / (m * 1e3) if m else None
+
+    def tflops(self, impl: str) -> float | None:
+        m = self.median(impl)
+        return self.flops / (m * 1e6) if m else None
+
+    def pct_of_limit(self, impl: str) -> float | None:
+        """Roofline floor over measured time: 100 % means at the machine's limit."""
+        m = self.median(impl)
+        return 100 * self.floor_us / m if m and self.floor_us else None
 
 
 @dataclass
 class BenchReport:
     device: str
     device_name: str
+    driver: str | None
     torch_version: str
     cuda_version: str | None
     threads: int
     git_commit: str | None
     date: str
+    graph: bool = False
+    ceilings: dict[str, Any] | None = None
     rows: list[BenchRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for row, out in zip(self.rows, d["rows"], strict=True):
-            out["speedup"] = row.speedup
-            out["opforge_gbps"] = row.gbps(row.opforge)
-            out["torch_gbps"] = row.gbps(row.torch)
+            out["derived"] = {
+                impl: {
+                    "gbps": row.gbps(impl),
+                    "tflops": row.tflops(impl),
+                    "pct_of_limit": row.pct_of_limit(impl),
+                    "speedup_of_opforge": row.speedup(impl) if impl != "opforge" else None,
+                }
+                for impl in row.timings
+            }
         return d
 
 
@@ -137,6 +291,22 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def _driver_version(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={device.index or 0}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _git_commit() -> str | None:
     """The checkout's commit; OPFORGE_GIT_COMMIT where the tree is a copy without .git."""
     if os.environ.get("OPFORGE_GIT_COMMIT"):
@@ -148,16 +318,38 @@ def _git_commit() -> str | None:
         return None
 
 
-def new_report(device: torch.device) -> BenchReport:
+def new_report(device: torch.device, *, graph: bool = False, ceilings: Ceilings | None = None) -> BenchReport:
     return BenchReport(
         device=str(device),
         device_name=_device_name(device),
+        driver=_driver_version(device),
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,
         threads=torch.get_num_threads(),
         git_commit=_git_commit(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        graph=graph,
+        ceilings=asdict(ceilings) if ceilings else None,
     )
+
+
+def _compiled(spec: OpSpec) -> Callable[..., Any]:
+    return torch.compile(spec.reference)
+
+
+def cases_of(spec: OpSpec, device: torch.device, dtype: torch.dtype, gen: torch.Generator, *, sweep: bool) -> Iterable[Sample]:
+    if sweep and spec.sweep_cases is not None:
+        return spec.sweep_cases(device, dtype, gen)
+    return spec.bench_cases(device, dtype, gen)
+
+
+def count_cases(spec: OpSpec, device: torch.device, dtypes: Sequence[torch.dtype], *, sweep: bool) -> int:
+    """How many rows bench_op will produce (for a progress bar): the cases are
+    made on the meta device, which allocates nothing."""
+    del device  # the case list may depend on it; meta stands in for every device
+    meta = torch.device("meta")
+    per_dtype = sum(1 for _ in cases_of(spec, meta, torch.float32, None, sweep=sweep))  # type: ignore[arg-type]
+    return per_dtype * sum(1 for d in dtypes if d in spec.dtypes)
 
 
 def bench_op(
@@ -167,43 +359,190 @@ def bench_op(
     seed: int,
     dtypes: Sequence[torch.dtype] = BENCH_DTYPES,
     budget_s: float = 0.3,
+    graph: bool = False,
+    compile: bool = True,
+    sweep: bool = False,
+    ceilings: Ceilings | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[BenchRow]:
     """Rows for every (dtype, case) of the op: timed if right, refused if not."""
     progress(f"{spec.name}: verifying")
     verdict = check_reference(spec, device, seed)
     if not verdict.ok:
-        first = verdict.failures[0]
-        return [BenchRow(spec.name, "-", "-", f"refused: fails its reference check ({first})")]
-    timer = time_cuda if device.type == "cuda" else time_cpu
-    rows = []
+        return [BenchRow(spec.name, "-", "-", f"refused: fails its reference check ({verdict.failures[0]})")]
+    timer = Timer(device)
     gen = generator(device, seed + 1)
+    compiled = _compiled(spec) if compile else None
+    rows = []
     for dtype in (d for d in dtypes if d in spec.dtypes):
         dname = str(dtype).removeprefix("torch.")
-        for sample in spec.bench_cases(device, dtype, gen):
+        for sample in cases_of(spec, device, dtype, gen, sweep=sweep):
             progress(f"{spec.name} {dname} {sample.desc}")
             problem = run_reference(spec, sample, dtype)
             if problem:
                 rows.append(BenchRow(spec.name, dname, sample.desc, f"refused: wrong at this size ({problem})"))
                 continue
-            args, kwargs = sample.args, dict(sample.kwargs)
-            cost = spec.cost(*args, **kwargs)
-            rows.append(
-                BenchRow(
-                    spec.name,
-                    dname,
-                    sample.desc,
-                    "ok",
-                    numel=args[0].numel(),
-                    bytes=cost.bytes,
-                    flops=cost.flops,
-                    opforge=timer(functools.partial(spec.function, *args, **kwargs), budget_s=budget_s),
-                    torch=timer(functools.partial(spec.reference, *args, **kwargs), budget_s=budget_s),
-                )
-            )
+            cost = spec.cost(*sample.args, **sample.kwargs)
+            row = BenchRow(spec.name, dname, sample.desc, "ok", numel=sample.args[0].numel(), bytes=cost.bytes, flops=cost.flops)
+            if ceilings:
+                row.floor_us = ceilings.floor_us(cost.bytes, cost.flops, dname)
+            sets = input_sets(sample, timer.l2_bytes, gen)
+            impls: dict[str, Callable[..., Any] | None] = {"opforge": spec.function, "eager": spec.reference, "compiled": compiled}
+            for impl, fn in impls.items():
+                if fn is None:
+                    row.timings[impl], row.notes[impl] = None, "not asked (--no-compile)"
+                    continue
+                try:
+                    row.timings[impl] = time_fn(fn, sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
+                except Exception as exc:
+                    if impl == "opforge":
+                        raise
+                    row.timings[impl] = None
+                    row.notes[impl] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+            rows.append(row)
+            del sets
     return rows
+
+
+# --- writers, readers, comparison, plot ---
+
+CSV_FIELDS = ("op", "dtype", "case", "impl", "status", "numel", "bytes", "flops", "median_us", "p25_us", "p75_us", "reps", "stop",
+              "gbps", "tflops", "pct_of_limit", "note")  # fmt: skip
 
 
 def write_json(report: BenchReport, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+
+
+def write_csv(report: BenchReport, path: Path) -> None:
+    """One line per (row, implementation); the header comment carries the machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        fh.write(f"# {report.device_name}, driver {report.driver}, torch {report.torch_version}, CUDA {report.cuda_version}, "
+                 f"commit {report.git_commit}, {report.date}, graph={report.graph}\n")  # fmt: skip
+        w = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for r in report.rows:
+            for impl in r.timings or {"-": None}:
+                t = r.timings.get(impl)
+                w.writerow({
+                    "op": r.op, "dtype": r.dtype, "case": r.case, "impl": impl, "status": r.status, "numel": r.numel,
+                    "bytes": r.bytes, "flops": r.flops, "median_us": t.median_us if t else "", "p25_us": t.p25_us if t else "",
+                    "p75_us": t.p75_us if t else "", "reps": t.reps if t else "", "stop": t.stop if t else "",
+                    "gbps": r.gbps(impl) or "", "tflops": r.tflops(impl) or "", "pct_of_limit": r.pct_of_limit(impl) or "",
+                    "note": r.notes.get(impl, ""),
+                })  # fmt: skip
+
+
+def read_json(path: Path) -> BenchReport:
+    d = json.loads(path.read_text())
+    rows = []
+    for r in d.pop("rows"):
+        r.pop("derived", None)
+        r["timings"] = {k: Timing(**t) if t else None for k, t in r.get("timings", {}).items()}
+        rows.append(BenchRow(**r))
+    return BenchReport(**d, rows=rows)
+
+
+@dataclass
+class Comparison:
+    op: str
+    dtype: str
+    case: str
+    impl: str
+    old_us: float
+    new_us: float
+    verdict: str  # "regression", "faster" or "same"
+
+    @property
+    def ratio(self) -> float:
+        """New time over old: above 1 is slower."""
+        return self.new_us / self.old_us
+
+
+def compare(old: BenchReport, new: BenchReport, impls: Sequence[str] = ("opforge",)) -> list[Comparison]:
+    """Matches rows by (op, dtype, case). A change counts only beyond the
+    measured spread: the two inter-quartile ranges must not overlap."""
+    before = {(r.op, r.dtype, r.case): r for r in old.rows if r.status == "ok"}
+    out = []
+    for r in new.rows:
+        o = before.get((r.op, r.dtype, r.case))
+        if r.status != "ok" or o is None:
+            continue
+        for impl in impls:
+            a, b = o.timings.get(impl), r.timings.get(impl)
+            if not a or not b:
+                continue
+            if b.p25_us > a.p75_us:
+                verdict = "regression"
+            elif b.p75_us < a.p25_us:
+                verdict = "faster"
+            else:
+                verdict = "same"
+            out.append(Comparison(r.op, r.dtype, r.case, impl, a.median_us, b.median_us, verdict))
+    return out
+
+
+def plot(report: BenchReport, path: Path) -> None:
+    """Bandwidth against size per op and dtype: opforge, eager and compiled,
+    with the measured copy bandwidth as the ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.rows if r.status == "ok"]
+    ops = list(dict.fromkeys(r.op for r in rows))
+    dtypes = list(dict.fromkeys(r.dtype for r in rows))
+    if not ops:
+        return
+    fig, axes = plt.subplots(len(ops), len(dtypes), figsize=(4.2 * len(dtypes), 3.0 * len(ops)), squeeze=False, sharex=True)
+    styles = {"opforge": ("tab:red", "o"), "eager": ("tab:blue", "s"), "compiled": ("tab:green", "^")}
+    for i, op in enumerate(ops):
+        for j, dt in enumerate(dtypes):
+            ax = axes[i][j]
+            sel = sorted((r for r in rows if r.op == op and r.dtype == dt), key=lambda r: r.numel)
+            for impl, (colour, marker) in styles.items():
+                pts = [(r.numel, r.gbps(impl)) for r in sel if r.gbps(impl)]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), color=colour, marker=marker, markersize=3, label=impl)
+            if report.ceilings:
+                ax.axhline(report.ceilings["copy_gbps"], color="black", linestyle="--", linewidth=1, label="copy ceiling")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op} {dt}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("GB/s")
+            if i == len(ops) - 1:
+                ax.set_xlabel("elements")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(
+        f"opforge bench: {report.device_name}, torch {report.torch_version}, {report.date[:10]}" + (", CUDA graphs" if report.graph else "")
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = [
+    "BENCH_DTYPES",
+    "IMPLS",
+    "BenchReport",
+    "BenchRow",
+    "Comparison",
+    "Timer",
+    "Timing",
+    "bench_op",
+    "compare",
+    "count_cases",
+    "input_sets",
+    "new_report",
+    "plot",
+    "read_json",
+    "repeat_until_stable",
+    "time_fn",
+    "write_csv",
+    "write_json",
+]

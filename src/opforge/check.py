@@ -16,6 +16,7 @@ Checks per operator, all read from its spec:
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +44,7 @@ class CheckResult:
     count: int = 0
     failures: list[str] = field(default_factory=list)
     note: str = ""
+    worst: dict[str, ErrorStats] = field(default_factory=dict)  # reference check: per case
 
     @property
     def ok(self) -> bool:
@@ -83,36 +85,62 @@ def poisoned_allocations() -> Iterator[None]:
         torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
 
 
+@dataclass
+class ErrorStats:
+    """How far an output is from the reference, over all its elements."""
+
+    max_abs: float
+    max_rel: float
+    n_bad: int
+    numel: int
+    first_bad: tuple[int, ...] | None  # index of the first element out of tolerance
+    got: float | None = None  # the values there
+    want: float | None = None
+
+    def worse(self, other: ErrorStats) -> ErrorStats:
+        """The worst of both: largest errors, and the first mismatch of whichever has one."""
+        first = self if self.first_bad is not None else other
+        return ErrorStats(max(self.max_abs, other.max_abs), max(self.max_rel, other.max_rel), self.n_bad + other.n_bad,
+                          self.numel + other.numel, first.first_bad, first.got, first.want)  # fmt: skip
+
+
+def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> ErrorStats:
+    """Errors of ``out`` against ``ref``; an element is bad past ``atol + rtol * |ref|``,
+    and NaN or Inf where the reference is finite is always bad."""
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    if o.numel() == 0:
+        return ErrorStats(0.0, 0.0, 0, 0, None)
+    err = (o - r).abs()
+    same_inf = torch.isinf(o) & torch.isinf(r) & (torch.sign(o) == torch.sign(r))
+    err = torch.where(same_inf, torch.zeros_like(err), err)
+    bad = ~(err <= atol + rtol * r.abs())  # NaN compares False: a mismatch
+    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
+    rel = err / r.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    stats = ErrorStats(float(err.max()), float(rel.max()), int(bad.sum()), o.numel(), None)
+    if stats.n_bad:
+        first = int(bad.flatten().nonzero()[0])
+        stats.first_bad = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), o.shape)) if o.dim() else ()
+        stats.got, stats.want = o.flatten()[first].item(), r.flatten()[first].item()
+    return stats
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str | None:
     """None when ``out`` matches ``ref`` within ``atol + rtol * |ref|``, else what differs."""
     if out.shape != ref.shape:
         return f"shape {list(out.shape)} != reference {list(ref.shape)}"
-    if out.numel() == 0:
+    e = measure_error(out, ref, atol, rtol)
+    if not e.n_bad:
         return None
-    o = out.detach().to(torch.float64).cpu()
-    r = ref.detach().to(torch.float64).cpu()
-    err = (o - r).abs()
-    bad = ~(err <= atol + rtol * r.abs())  # NaN compares False: a mismatch
-    both_inf = torch.isinf(o) & torch.isinf(r) & (torch.sign(o) == torch.sign(r))
-    bad &= ~both_inf
-    if not bool(bad.any()):
-        return None
-    n_bad = int(bad.sum())
-    first = int(bad.flatten().nonzero()[0])
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), o.shape)) if o.dim() else ()
-    finite = ~bad | torch.isfinite(o)
-    max_abs = float(err[finite & bad].max()) if bool((finite & bad).any()) else float("nan")
-    rel = err / r.abs().clamp_min(1e-30)
-    max_rel = float(rel[finite & bad].max()) if bool((finite & bad).any()) else float("nan")
     return (
-        f"{n_bad}/{o.numel()} elements off (atol {atol:g}, rtol {rtol:g}): first at {list(idx)} "
-        f"got {o.flatten()[first].item():.6g} want {r.flatten()[first].item():.6g}; "
-        f"max abs err {max_abs:.3g}, max rel err {max_rel:.3g}"
+        f"{e.n_bad}/{e.numel} elements off (atol {atol:g}, rtol {rtol:g}): first at {list(e.first_bad or ())} "
+        f"got {e.got:.6g} want {e.want:.6g}; max abs err {e.max_abs:.3g}, max rel err {e.max_rel:.3g}"
     )
 
 
-def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype) -> str | None:
-    """Runs one sample through the operator and the float64 reference; None if they agree."""
+def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype, errors: list[ErrorStats] | None = None) -> str | None:
+    """Runs one sample through the operator and the float64 reference; None if
+    they agree. ``errors`` (if given) receives each output's ErrorStats."""
     op = spec.overload
     mutated = spec.mutated_args
     args = list(sample.args)
@@ -130,14 +158,19 @@ def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype) -> str | Non
         return f"returned {len(_tensors(got))} tensors, reference {len(_tensors(expected))}"
     pairs += [(args[i], ref_args[i]) for i in mutated]
     atol, rtol = spec.tolerance(dtype)
+    problems = []
     for k, (o, r) in enumerate(pairs):
         if o.dtype != dtype:
             return f"output {k} has dtype {o.dtype}, expected {dtype}"
         if o.device != args[0].device:
             return f"output {k} is on {o.device}, expected {args[0].device}"
+        if errors is not None and o.shape == r.shape:
+            errors.append(measure_error(o, r, atol, rtol))
         problem = compare(o, r, atol, rtol)
         if problem:
-            return f"output {k}: {problem}"
+            problems.append(f"output {k}: {problem}")
+    if problems:
+        return "; ".join(problems)
     for i, before in enumerate(inputs_before):
         if before is not None and not torch.equal(before, args[i]):
             return f"input {i} was modified by the operator"
@@ -153,18 +186,25 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[0] if msg else ''}"
 
 
-def check_reference(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+def check_reference(spec: OpSpec, device: torch.device, seed: int, seeds: int = 1) -> CheckResult:
+    """Every sample in every dtype, with ``seeds`` fresh draws each (seed, seed+1, ...);
+    ``worst`` keeps the largest error per case ("dtype [layout]") across them."""
     res = CheckResult(spec.name, "reference", "pass")
-    gen = generator(device, seed)
-    for dtype in spec.dtypes:
-        for sample in spec.samples(device, dtype, gen):
-            res.count += 1
-            try:
-                problem = run_reference(spec, sample, dtype)
-            except Exception as exc:  # noqa: BLE001 - report, keep checking
-                problem = _first_line(exc)
-            if problem:
-                res.failures.append(f"{_sample_label(spec, dtype, sample)}: {problem}")
+    for k in range(seeds):
+        gen = generator(device, seed + k)
+        for dtype in spec.dtypes:
+            for sample in spec.samples(device, dtype, gen):
+                res.count += 1
+                errors: list[ErrorStats] = []
+                try:
+                    problem = run_reference(spec, sample, dtype, errors)
+                except Exception as exc:  # noqa: BLE001 - report, keep checking
+                    problem = _first_line(exc)
+                case = f"{str(dtype).removeprefix('torch.')} [{sample.desc}]"
+                for e in errors:
+                    res.worst[case] = res.worst[case].worse(e) if case in res.worst else e
+                if problem:
+                    res.failures.append(f"{_sample_label(spec, dtype, sample)} (seed {seed + k}): {problem}")
     res.status = "fail" if res.failures else "pass"
     return res
 
@@ -292,11 +332,14 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
 }
 
 
-def check_op(spec: OpSpec, device: torch.device, seed: int, checks: Sequence[str] = CHECKS) -> list[CheckResult]:
+def check_op(spec: OpSpec, device: torch.device, seed: int, checks: Sequence[str] = CHECKS, seeds: int = 1) -> list[CheckResult]:
     results = []
     for name in checks:
         try:
-            results.append(CHECK_FUNCTIONS[name](spec, device, seed))
+            if name == "reference":
+                results.append(check_reference(spec, device, seed, seeds))
+            else:
+                results.append(CHECK_FUNCTIONS[name](spec, device, seed))
         except Exception:  # noqa: BLE001 - a crash in one check must not hide the others
             results.append(CheckResult(spec.name, name, "fail", failures=[traceback.format_exc(limit=3)]))
     return results

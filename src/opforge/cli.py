@@ -7,9 +7,11 @@ import random
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 # Tables are wide: when output is piped (CI logs), rich would assume 80 columns.
@@ -76,22 +78,25 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_check(names: Sequence[str], device_name: str, seed: int | None, checks: Sequence[str]) -> bool:
+def run_check(
+    names: Sequence[str], device_name: str, seed: int | None, checks: Sequence[str], seeds: int = 1, report: bool = False
+) -> bool:
     from opforge.check import check_op
 
     device = _device(device_name)
     seed = _seed(seed)
     specs = _specs(names)
-    err.print(f"opforge check on {device}, seed {seed} (rerun with --seed {seed})")
-    table = Table(title=f"opforge check ({device}, seed {seed})")
+    err.print(f"opforge check on {device}, seed {seed}{f' (+{seeds - 1} more)' if seeds > 1 else ''} (rerun with --seed {seed})")
+    table = Table(title=f"opforge check ({device}, seed {seed}{f', {seeds} seeds' if seeds > 1 else ''})")
     table.add_column("operator")
     for c in checks:
         table.add_column(c, justify="center")
     failures: list[str] = []
+    worst_rows: list[tuple[str, str, object]] = []
     n_pass = n_fail = 0
     for spec in specs:
         with err.status(f"checking {spec.name}"):
-            results = check_op(spec, device, seed, checks)
+            results = check_op(spec, device, seed, checks, seeds)
         cells = []
         for r in results:
             if r.status == "pass":
@@ -105,12 +110,32 @@ def run_check(names: Sequence[str], device_name: str, seed: int | None, checks: 
                 failures += [f"{r.check}: {f}" for f in r.failures[:5]]
                 if len(r.failures) > 5:
                     failures.append(f"{r.check}: ... {len(r.failures) - 5} more")
+            worst_rows += [(spec.name, case, e) for case, e in r.worst.items()]
         table.add_row(spec.qualname, *cells)
     out.print(table)
+    if worst_rows:
+        out.print(_worst_table(worst_rows, per_case=report))
     for f in failures:
-        out.print(f"[red]x[/] {f}", highlight=False)
+        out.print(f"[red]x[/] {escape(f)}", highlight=False)
     out.print(f"{n_pass} passed, {n_fail} failed")
     return n_fail == 0
+
+
+def _worst_table(rows: Sequence[tuple[str, str, object]], *, per_case: bool) -> Table:
+    """The largest error against the float64 reference: per op and dtype, or
+    (``--report``) per op and case, with the first mismatching index."""
+    grouped: dict[tuple[str, str], object] = {}
+    for op, case, e in rows:
+        key = (op, case if per_case else case.split(" ")[0])
+        grouped[key] = grouped[key].worse(e) if key in grouped else e  # type: ignore[attr-defined]
+    table = Table(title="worst error against the float64 reference" + (" per case" if per_case else " per dtype (--report: per case)"))
+    for col in ("operator", "case" if per_case else "dtype", "max abs err", "max rel err", "out of tolerance", "first mismatch"):
+        table.add_column(col, justify="left" if col in ("operator", "case", "dtype", "first mismatch") else "right")
+    for (op, case), e in grouped.items():
+        first = "-" if e.first_bad is None else f"{list(e.first_bad)}: got {e.got:.6g} want {e.want:.6g}"  # type: ignore[attr-defined]
+        bad = f"[red]{e.n_bad}[/]/{e.numel}" if e.n_bad else f"0/{e.numel}"  # type: ignore[attr-defined]
+        table.add_row(op, escape(case), f"{e.max_abs:.3g}", f"{e.max_rel:.3g}", bad, escape(first))  # type: ignore[attr-defined]
+    return table
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -120,70 +145,147 @@ def cmd_check(args: argparse.Namespace) -> int:
     for c in checks or ():
         if c not in CHECKS:
             raise SystemExit(f"opforge: unknown check {c!r}; choose from {', '.join(CHECKS)}")
-    return 0 if run_check(args.ops, args.device, args.seed, checks or CHECKS) else 1
+    if args.seeds < 1:
+        raise SystemExit(f"opforge: --seeds must be at least 1, got {args.seeds}")
+    return 0 if run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report) else 1
 
 
 def _fmt_us(t) -> str:  # noqa: ANN001
-    return f"{t.median_us:,.1f}" if t else "-"
+    if t is None:
+        return "n/a"
+    flag = "" if t.stop == "stable" else "~"  # "~": the budget ran out before the spread fell under 1 %
+    return f"{flag}{t.median_us:,.1f} ±{100 * t.spread:.1f}%"
 
 
-def run_bench(
-    names: Sequence[str], device_name: str, seed: int | None, dtypes: Sequence[str], budget: float, json_path: Path | None
-) -> bool:
-    import torch
+def _fmt_x(x: float | None) -> str:
+    if x is None:
+        return "-"
+    colour = "green" if x >= 1.0 else "yellow"
+    return f"[{colour}]{x:.2f}x[/]"
 
-    from opforge.bench import bench_op, new_report, write_json
 
-    device = _device(device_name)
-    seed = _seed(seed)
-    torch_dtypes = [getattr(torch, d) for d in dtypes]
-    report = new_report(device)
-    with err.status("benchmarking") as status:
-        for spec in _specs(names):
-            report.rows += bench_op(
-                spec, device, seed=seed, dtypes=torch_dtypes, budget_s=budget, progress=lambda m: status.update(f"benchmarking {m}")
-            )
-    table = Table(title=f"opforge bench: {report.device_name} ({device}, torch {report.torch_version}, {report.threads} threads)")
-    for col, just in [
-        ("operator", "left"),
-        ("dtype", "left"),
-        ("size", "left"),
-        ("opforge us", "right"),
-        ("torch us", "right"),
-        ("speedup", "right"),
-        ("opforge GB/s", "right"),
-        ("torch GB/s", "right"),
-    ]:
-        table.add_column(col, justify=just)
-    refused = False
+@dataclass
+class BenchOptions:
+    dtypes: Sequence[str] = ("float32", "float16", "bfloat16")
+    budget: float = 0.3
+    graph: bool = False
+    compile: bool = True
+    sweep: bool = False
+    remeasure: bool = False
+    json_path: Path | None = None
+    csv_path: Path | None = None
+    plot_path: Path | None = None
+    compare_path: Path | None = None
+
+
+def bench_table(report) -> Table:  # noqa: ANN001
+    ceil = report.ceilings
+    limit = f", copy {ceil['copy_gbps']:,.0f} GB/s" if ceil else ""
+    table = Table(
+        title=f"opforge bench: {report.device_name} ({report.device}, torch {report.torch_version}, "
+        f"{report.threads} threads{', CUDA graphs' if report.graph else ''}{limit})"
+    )
+    for col in ("operator", "dtype", "size", "opforge us", "eager us", "compiled us", "vs eager", "vs compiled", "GB/s", "% of limit"):
+        table.add_column(col, justify="left" if col in ("operator", "dtype", "size") else "right")
     for r in report.rows:
         if r.status != "ok":
-            refused = True
-            table.add_row(r.op, r.dtype, r.case, f"[red]{r.status}[/]", "", "", "", "")
+            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * 6)
             continue
-        sp = r.speedup or 0.0
-        colour = "green" if sp >= 1.0 else "yellow"
+        pct = r.pct_of_limit("opforge")
         table.add_row(
             r.op,
             r.dtype,
             r.case,
-            _fmt_us(r.opforge),
-            _fmt_us(r.torch),
-            f"[{colour}]{sp:.2f}x[/]",
-            f"{r.gbps(r.opforge):,.1f}",
-            f"{r.gbps(r.torch):,.1f}",
+            _fmt_us(r.timings.get("opforge")),
+            _fmt_us(r.timings.get("eager")),
+            _fmt_us(r.timings.get("compiled")),
+            _fmt_x(r.speedup("eager")),
+            _fmt_x(r.speedup("compiled")),
+            f"{r.gbps('opforge'):,.0f}",
+            f"{pct:.0f}%" if pct is not None else "-",
+        )
+    return table
+
+
+def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opforge import bench, ceilings
+
+    device = _device(device_name)
+    seed = _seed(seed)
+    specs = _specs(names)
+    torch_dtypes = [getattr(torch, d) for d in opts.dtypes]
+    name = bench._device_name(device)
+    with err.status(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})"):
+        ceil = ceilings.load_or_measure(device, name, remeasure=opts.remeasure)
+    report = bench.new_report(device, graph=opts.graph, ceilings=ceil)
+    total = sum(bench.count_cases(s, device, torch_dtypes, sweep=opts.sweep) for s in specs)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=total)
+
+        def step(message: str) -> None:
+            progress.update(task, description=f"benchmarking {message}")
+            if not message.endswith("verifying"):
+                progress.advance(task)
+
+        for spec in specs:
+            report.rows += bench.bench_op(
+                spec, device, seed=seed, dtypes=torch_dtypes, budget_s=opts.budget, graph=opts.graph,
+                compile=opts.compile, sweep=opts.sweep, ceilings=ceil, progress=step,
+            )  # fmt: skip
+    out.print(bench_table(report))
+    out.print(
+        "medians per call, ± the inter-quartile range (~: stopped by --budget before it fell under 1 %); "
+        "GB/s from the op's cost model; % of limit = roofline floor (measured copy and matmul ceilings) / time"
+    )
+    notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items()}
+    for op, impl, note in sorted(notes):
+        out.print(f"[yellow]{op}: no {impl} timing: {escape(note)}[/]", highlight=False)
+    ok = all(r.status == "ok" for r in report.rows)
+    for path, writer in ((opts.json_path, bench.write_json), (opts.csv_path, bench.write_csv)):
+        if path:
+            writer(report, path)
+            out.print(f"wrote {path}")
+    plot_path = opts.plot_path or (Path(f"opforge-bench-{ceilings._slug(name)}.png") if opts.sweep else None)
+    if plot_path:
+        bench.plot(report, plot_path)
+        out.print(f"wrote {plot_path}")
+    if opts.compare_path:
+        ok = print_comparison(bench.read_json(opts.compare_path), report) and ok
+    return ok
+
+
+def print_comparison(old, new) -> bool:  # noqa: ANN001
+    """Ratio per case against an earlier run; False if anything regressed beyond the spread."""
+    from opforge.bench import compare
+
+    rows = compare(old, new)
+    table = Table(title=f"against {old.device_name}, {old.date} (commit {(old.git_commit or '?')[:10]})")
+    for col in ("operator", "dtype", "size", "old us", "new us", "new/old", "verdict"):
+        table.add_column(col, justify="left" if col in ("operator", "dtype", "size", "verdict") else "right")
+    colours = {"regression": "bold red", "faster": "green", "same": "dim"}
+    for c in rows:
+        table.add_row(
+            c.op, c.dtype, c.case, f"{c.old_us:,.1f}", f"{c.new_us:,.1f}", f"{c.ratio:.3f}", f"[{colours[c.verdict]}]{c.verdict}[/]"
         )
     out.print(table)
-    out.print("times are medians per call; GB/s = bytes the op must move (its cost model) / time")
-    if json_path:
-        write_json(report, json_path)
-        out.print(f"wrote {json_path}")
-    return not refused
+    n_reg = sum(c.verdict == "regression" for c in rows)
+    out.print(f"{len(rows)} compared, {n_reg} regressed, {sum(c.verdict == 'faster' for c in rows)} faster (beyond the measured spread)")
+    return n_reg == 0
+
+
+def _bench_options(args: argparse.Namespace) -> BenchOptions:
+    return BenchOptions(
+        dtypes=args.dtype.split(","), budget=args.budget, graph=args.graph, compile=not args.no_compile, sweep=args.sweep,
+        remeasure=args.remeasure, json_path=args.json, csv_path=args.csv, plot_path=args.plot, compare_path=args.compare,
+    )  # fmt: skip
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    dtypes = args.dtype.split(",")
-    return 0 if run_bench(args.ops, args.device, args.seed, dtypes, args.budget, args.json) else 1
+    return 0 if run_bench(args.ops, args.device, args.seed, _bench_options(args)) else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -192,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from opforge.check import CHECKS
 
     ok = run_check(args.ops, args.device, args.seed, CHECKS)
-    ok = run_bench(args.ops, args.device, args.seed, ["float32", "float16", "bfloat16"], args.budget, args.json) and ok
+    ok = run_bench(args.ops, args.device, args.seed, _bench_options(args)) and ok
     return 0 if ok else 1
 
 
@@ -212,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp = sub.add_parser("check", help="verify operators: reference, opcheck, gradcheck, torch.compile, bad inputs")
     common(sp)
     sp.add_argument("--checks", default=None, help="comma-separated subset of: reference,opcheck,gradcheck,compile,bad inputs")
+    sp.add_argument("--seeds", type=int, default=1, help="K fresh seeds per sample for the reference check (default 1)")
+    sp.add_argument("--report", action="store_true", help="the worst error per case, not per dtype")
     sp.set_defaults(fn=cmd_check)
     for name, helptext, fn in [
         ("bench", "time operators against their PyTorch reference", cmd_bench),
@@ -219,11 +323,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]:
         sp = sub.add_parser(name, help=helptext)
         common(sp)
-        if name == "bench":
-            sp.add_argument("--dtype", default="float32,float16,bfloat16", help="comma-separated dtypes")
-        sp.add_argument("--budget", type=float, default=0.3, help="seconds of timing per case and side (default 0.3)")
+        sp.add_argument("--dtype", default="float32,float16,bfloat16", help="comma-separated dtypes")
+        sp.add_argument("--budget", type=float, default=0.3, help="at most this many seconds of timing per case and side (default 0.3)")
+        sp.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph (no launch overhead)")
+        sp.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+        sp.add_argument("--sweep", action="store_true", help="every size the specs declare for sweeps, and a plot")
+        sp.add_argument("--remeasure", action="store_true", help="measure the machine's ceilings again")
         sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
+        sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")
+        sp.add_argument(
+            "--plot", type=Path, default=None, help="PNG of bandwidth against size (default with --sweep: opforge-bench-<device>.png)"
+        )
+        sp.add_argument("--compare", type=Path, default=None, help="an earlier --json: ratio per case, regressions flagged (exit 1)")
         sp.set_defaults(fn=fn)
+    from opforge import doctor, profile
+
+    doctor.register_cli(sub)
+    profile.register_cli(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 

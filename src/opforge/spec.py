@@ -73,6 +73,8 @@ class OpSpec:
     bad_inputs: Callable[[torch.device], Iterable[BadInput]]
     cost: Callable[..., Cost]
     bench_cases: SampleFn
+    # Sizes for `opforge bench --sweep` (a curve from launch-bound to DRAM-bound); bench_cases when None.
+    sweep_cases: SampleFn | None = None
     fake: Callable[..., Any] | None = None
     backward: Callable[..., Any] | None = None
     setup_context: Callable[..., Any] | None = None

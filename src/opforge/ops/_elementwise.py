@@ -88,11 +88,12 @@ def elementwise_samples(n: int, values: Transform | None = None) -> SampleFn:
     return samples
 
 
-def elementwise_bench(n: int, *extra: Any, **kwargs: Any) -> SampleFn:
-    """A spec's ``bench_cases``: ``n`` contiguous random tensors per size, then ``extra`` and ``kwargs``."""
+def elementwise_bench(n: int, *extra: Any, sweep: bool = False, **kwargs: Any) -> SampleFn:
+    """A spec's ``bench_cases`` (or, with ``sweep``, its ``sweep_cases``): ``n``
+    contiguous random tensors per size, then ``extra`` and ``kwargs``."""
 
     def cases(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[Sample]:
-        for desc, tensors in bench_tensors(n, device, dtype, gen):
+        for desc, tensors in bench_tensors(n, device, dtype, gen, sweep=sweep):
             yield Sample((*tensors, *extra), kwargs, desc=desc)
 
     return cases
@@ -104,16 +105,19 @@ def like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32))
 
 
-def bench_sizes(device: torch.device) -> tuple[int, ...]:
+def bench_sizes(device: torch.device, *, sweep: bool = False) -> tuple[int, ...]:
     # CPU sizes stay small enough for CI's two cores; GPU sizes go from
     # launch-bound (2^16) to several times the 50-60 MB L2 (2^26 float32 = 256 MB).
-    return (2**16, 2**20, 2**24, 2**26) if device.type == "cuda" else (2**16, 2**20, 2**22)
+    # A sweep covers 2^12 (a few us, all launch) to 2^28 (1 GiB of float32).
+    if device.type == "cpu":
+        return tuple(2**k for k in range(10, 23, 2)) if sweep else (2**16, 2**20, 2**22)
+    return tuple(2**k for k in range(12, 29, 2)) if sweep else (2**16, 2**20, 2**24, 2**26)
 
 
 def bench_tensors(
-    n_tensors: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator
+    n_tensors: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator, *, sweep: bool = False
 ) -> Iterator[tuple[str, list[torch.Tensor]]]:
-    for n in bench_sizes(device):
+    for n in bench_sizes(device, sweep=sweep):
         yield f"2^{int(math.log2(n))}", [randn((n,), dtype, device, gen) for _ in range(n_tensors)]
 
 

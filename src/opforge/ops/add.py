@@ -93,6 +93,7 @@ SPECS = [
         bad_inputs=lambda device: bad_elementwise("add", ("a", "b"), device),
         cost=_cost,
         bench_cases=elementwise_bench(2),
+        sweep_cases=elementwise_bench(2, sweep=True),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
@@ -105,6 +106,7 @@ SPECS = [
         bad_inputs=_bad_out,
         cost=_cost,
         bench_cases=elementwise_bench(3),
+        sweep_cases=elementwise_bench(3, sweep=True),
         fake=_fake_out,
     ),
 ]

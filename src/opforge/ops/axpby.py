@@ -74,6 +74,7 @@ SPECS = [
         bad_inputs=lambda device: bad_elementwise("axpby", ("x", "y"), device),
         cost=lambda x, y, alpha=3.0, beta=-1.0: streaming_cost(x, y, x, flops_per_element=3),
         bench_cases=elementwise_bench(2, alpha=1.5, beta=-0.5),
+        sweep_cases=elementwise_bench(2, sweep=True, alpha=1.5, beta=-0.5),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
@@ -86,6 +87,7 @@ SPECS = [
         bad_inputs=lambda device: bad_elementwise("axpby_backward", ("grad",), device, extra=(1.0, 2.0)),
         cost=lambda grad, alpha, beta: streaming_cost(grad, grad, grad, flops_per_element=2),
         bench_cases=elementwise_bench(1, 1.5, -0.5),
+        sweep_cases=elementwise_bench(1, 1.5, -0.5, sweep=True),
         fake=_fake_backward,
     ),
 ]

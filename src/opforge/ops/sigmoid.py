@@ -3,6 +3,8 @@ backward operator grad * y * (1 - y) that needs only the saved output."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from opforge.ops._elementwise import (
@@ -15,7 +17,7 @@ from opforge.ops._elementwise import (
     streaming_cost,
     tensor_samples,
 )
-from opforge.spec import DEFAULT_TOLERANCES, OpSpec, Sample
+from opforge.spec import DEFAULT_TOLERANCES, OpSpec, Sample, SampleFn
 
 OP = "opforge::sigmoid"
 OP_BACKWARD = "opforge::sigmoid_backward"
@@ -53,9 +55,12 @@ def _samples_backward(device: torch.device, dtype: torch.dtype, gen: torch.Gener
         yield Sample((g, y), desc=desc)
 
 
-def _bench_backward(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202
-    for desc, (g, x) in bench_tensors(2, device, dtype, gen):
-        yield Sample((g, torch.sigmoid(x)), desc=desc)
+def _bench_backward(sweep: bool) -> SampleFn:
+    def cases(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[Sample]:
+        for desc, (g, x) in bench_tensors(2, device, dtype, gen, sweep=sweep):
+            yield Sample((g, torch.sigmoid(x)), desc=desc)
+
+    return cases
 
 
 SPECS = [
@@ -68,6 +73,7 @@ SPECS = [
         bad_inputs=lambda device: bad_elementwise("sigmoid", ("x",), device),
         cost=lambda x: streaming_cost(x, x, flops_per_element=4),
         bench_cases=elementwise_bench(1),
+        sweep_cases=elementwise_bench(1, sweep=True),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
@@ -80,7 +86,8 @@ SPECS = [
         samples=_samples_backward,
         bad_inputs=lambda device: bad_elementwise("sigmoid_backward", ("grad", "y"), device),
         cost=lambda grad, y: streaming_cost(grad, y, grad, flops_per_element=3),
-        bench_cases=_bench_backward,
+        bench_cases=_bench_backward(sweep=False),
+        sweep_cases=_bench_backward(sweep=True),
         fake=_fake_backward,
     ),
 ]

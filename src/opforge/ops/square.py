@@ -31,6 +31,7 @@ SPECS = [
         bad_inputs=lambda device: bad_elementwise("square", ("x",), device),
         cost=lambda x: streaming_cost(x, x, flops_per_element=1),
         bench_cases=elementwise_bench(1),
+        sweep_cases=elementwise_bench(1, sweep=True),
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,

@@ -1,0 +1,137 @@
+"""The measuring harness: statistics, the stop rule, input rotation, cost
+models, ceilings, writers, comparison and plot. No timing is asserted here:
+speed targets live in committed benchmark results, not in unit tests."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from opforge import bench, ceilings
+from opforge.bench import BenchReport, BenchRow, Timing, compare, input_sets, repeat_until_stable
+from opforge.check import generator
+from opforge.spec import Sample, all_specs
+
+
+def test_timing_statistics():
+    t = Timing.of([10.0, 11.0, 12.0, 13.0, 100.0], "stable")
+    assert t.median_us == 12.0 and t.p25_us == 11.0 and t.p75_us == 13.0 and t.reps == 5
+    assert t.spread == pytest.approx(2 / 12)
+    one = Timing.of([5.0], "budget")
+    assert one.median_us == one.p25_us == one.p75_us == 5.0 and one.spread == 0
+
+
+def test_stop_rule_stops_when_stable():
+    calls = []
+
+    def batch(k):
+        calls.append(k)
+        return [100.0 + 0.1 * (i % 3) for i in range(k)]
+
+    t = repeat_until_stable(batch, budget_s=60, min_reps=10)
+    assert t.stop == "stable" and t.reps == 10 and t.spread < 0.01
+
+
+def test_stop_rule_stops_on_budget_when_noisy():
+    noisy = itertools.cycle([50.0, 100.0, 150.0, 200.0])
+    ticks = itertools.count(0.0, 0.25)  # a fake clock: each batch costs 0.25 s
+
+    t = repeat_until_stable(lambda k: [next(noisy) for _ in range(k)], budget_s=1.0, clock=lambda: next(ticks))
+    assert t.stop == "budget" and t.spread > 0.01 and 10 <= t.reps <= 60
+
+
+def test_stop_rule_max_reps():
+    noisy = itertools.cycle([1.0, 3.0])
+    t = repeat_until_stable(lambda k: [next(noisy) for _ in range(k)], budget_s=1e9, max_reps=25)
+    assert t.stop == "max reps" and t.reps == 25
+
+
+def test_input_sets_rotate_only_what_fits_in_cache():
+    gen = generator(torch.device("cpu"), 0)
+    small = Sample((torch.randn(1000), torch.randn(1000)), {"alpha": 2.0}, "small")
+    sets = input_sets(small, l2_bytes=64_000, gen=gen)
+    assert len(sets) == 8  # 8 KB per set against 64 KB of cache: the cap
+    for s in sets[1:]:
+        assert s.kwargs == {"alpha": 2.0}
+        assert not torch.equal(s.args[0], small.args[0])
+        assert torch.equal(s.args[0].sort().values, small.args[0].sort().values)  # same values, new order
+    big = Sample((torch.randn(100_000),), {}, "big")
+    assert len(input_sets(big, l2_bytes=64_000, gen=gen)) == 1
+
+
+@pytest.mark.parametrize("spec", all_specs(), ids=lambda s: s.name)
+def test_cost_models_count_each_tensor_once(spec):
+    gen = generator(torch.device("cpu"), 0)
+    sample = next(iter(spec.bench_cases(torch.device("cpu"), torch.float16, gen)))
+    cost = spec.cost(*sample.args, **sample.kwargs)
+    n = sample.args[0].numel()
+    out_tensors = {"add": 1, "add_out": 1, "square": 1, "axpby": 1, "axpby_backward": 2, "sigmoid": 1, "sigmoid_backward": 1}[spec.name]
+    in_tensors = sum(isinstance(a, torch.Tensor) for a in sample.args) - (1 if spec.mutated_args else 0)
+    assert cost.bytes == 2 * n * (in_tensors + out_tensors)
+    assert cost.flops >= n
+
+
+def test_ceilings_are_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = ceilings.measure
+
+    def counting(device, name):
+        calls.append(name)
+        return real(device, name)
+
+    monkeypatch.setattr(ceilings, "measure", counting)
+    first = ceilings.load_or_measure(torch.device("cpu"), "Test CPU")
+    again = ceilings.load_or_measure(torch.device("cpu"), "Test CPU")
+    assert calls == ["Test CPU"] and again == first
+    assert first.copy_gbps > 0 and first.matmul_tflops["float32"] > 0
+    assert json.loads(ceilings.cache_path("Test CPU").read_text())["device_name"] == "Test CPU"
+    ceilings.load_or_measure(torch.device("cpu"), "Test CPU", remeasure=True)
+    assert len(calls) == 2
+
+
+def test_roofline_floor():
+    c = ceilings.Ceilings("x", "t", "d", copy_gbps=1000.0, matmul_tflops={"float32": 50.0, "bfloat16": 800.0})
+    assert c.floor_us(1_000_000, 0, "float32") == pytest.approx(1.0)  # 1 MB at 1 TB/s
+    assert c.floor_us(0, 50_000_000, "float32") == pytest.approx(1.0)  # 50 MFLOP at 50 TFLOP/s
+    assert c.floor_us(1_000_000, 8_000_000_000, "bfloat16") == pytest.approx(10.0)
+
+
+def _report(times: dict[str, tuple[float, float, float]]) -> BenchReport:
+    rep = BenchReport("cuda", "GPU", "1.0", "2.x", "13.0", 1, "abc", "2026-11-22T00:00:00+00:00")
+    for case, (p25, med, p75) in times.items():
+        timings = {"opforge": Timing(med, p25, p75, 100, "stable"), "eager": Timing(2 * med, 2 * p25, 2 * p75, 100, "stable")}
+        rep.rows.append(
+            BenchRow("add", "float32", case, "ok", numel=1 << 20, bytes=12 << 20, flops=1 << 20, timings=timings, floor_us=med / 2)
+        )
+    return rep
+
+
+def test_compare_flags_only_changes_beyond_the_spread():
+    old = _report({"a": (9.0, 10.0, 11.0), "b": (9.0, 10.0, 11.0), "c": (9.0, 10.0, 11.0)})
+    new = _report({"a": (10.5, 11.5, 12.5), "b": (11.5, 12.0, 12.5), "c": (7.0, 8.0, 8.5)})
+    verdicts = {c.case: c.verdict for c in compare(old, new)}
+    assert verdicts == {"a": "same", "b": "regression", "c": "faster"}
+    assert compare(old, new)[1].ratio == pytest.approx(1.2)
+
+
+def test_json_round_trip_csv_and_plot(tmp_path):
+    rep = _report({"2^20": (9.0, 10.0, 11.0), "2^22": (39.0, 40.0, 41.0)})
+    rep.rows[1].numel = 1 << 22
+    rep.rows.append(BenchRow("add", "float16", "2^20", "refused: wrong at this size (x)"))
+    rep.rows[0].notes["compiled"] = "RuntimeError: no"
+    rep.ceilings = {"copy_gbps": 4000.0, "matmul_tflops": {"float32": 50.0}}
+    bench.write_json(rep, tmp_path / "r.json")
+    back = bench.read_json(tmp_path / "r.json")
+    assert back.rows[0].timings["opforge"] == rep.rows[0].timings["opforge"] and back.rows[2].status.startswith("refused")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["rows"][0]["derived"]["opforge"]["pct_of_limit"] == pytest.approx(50.0)
+    assert data["rows"][0]["derived"]["eager"]["speedup_of_opforge"] == pytest.approx(2.0)
+    bench.write_csv(rep, tmp_path / "r.csv")
+    lines = (tmp_path / "r.csv").read_text().splitlines()
+    assert lines[0].startswith("# GPU, driver 1.0") and len(lines) == 2 + 2 + 2 + 1
+    bench.plot(rep, tmp_path / "r.png")
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
