@@ -27,7 +27,7 @@ python3 -c "import time; t=time.perf_counter(); import torch; t1=time.perf_count
 
 case "${1:-verify}" in
 verify)
-  python3 -m pytest tests -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -8
+  python3 -m pytest tests -q -p no:cacheprovider -k "${PYTEST_K:-}" 2>&1 | tee "$OUT/pytest.log" | tail -8
   opforge doctor 2>&1 | tee "$OUT/doctor.txt" | tail -40
   echo "doctor rc=${PIPESTATUS[0]}"
   opforge profile add 2>&1 | tee "$OUT/profile.txt" | tail -15
@@ -37,7 +37,7 @@ verify)
   ;;
 bench)
   opforge check --device cuda --seed 1 --seeds 2 2>&1 | tee "$OUT/check.log" | tail -22
-  opforge bench --device cuda --seed 1 --sweep --budget ${BUDGET:-0.2} --json "$OUT/bench.json" --csv "$OUT/bench.csv" \
+  opforge bench --device cuda --seed 1 --sweep --dtype ${SWEEP_DTYPES:-float32,float16,bfloat16} --budget ${BUDGET:-0.2} --json "$OUT/bench.json" --csv "$OUT/bench.csv" \
     --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" | grep -E "2\^2[48] |2\^1[26] |wrote|no .* timing" | head -80
   opforge bench --device cuda --seed 1 --graph --dtype float32 --budget 0.1 --no-compile --json "$OUT/bench-graph.json" \
     2>&1 | tee "$OUT/bench-graph.log" | grep -E "2\^(16|20) "
