@@ -36,6 +36,7 @@ verify)
   echo "sanitize rc=${PIPESTATUS[0]}"
   ;;
 bench)
+  python3 -m pytest tests/test_doctor.py -q -p no:cacheprovider 2>&1 | tail -2
   opforge check --device cuda --seed 1 --seeds 2 2>&1 | tee "$OUT/check.log" | tail -22
   opforge bench --device cuda --seed 1 --sweep --dtype ${SWEEP_DTYPES:-float32,float16,bfloat16} --budget ${BUDGET:-0.2} --json "$OUT/bench.json" --csv "$OUT/bench.csv" \
     --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" | grep -E "2\^2[48] |2\^1[26] |wrote|no .* timing" | head -80

@@ -531,7 +531,8 @@ def _gpus(problems: list[Problem]) -> GpuSection:
         )
     if sec.build_cuda:
         for g in sec.gpus:
-            if g.capability not in sec.archs:
+            # "9.0a" (arch-specific features) is built for, and runs on, a 9.0 GPU.
+            if g.capability not in {a.removesuffix("a") for a in sec.archs}:
                 problems.append(
                     Problem(
                         "warning",
