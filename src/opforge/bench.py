@@ -520,7 +520,7 @@ def plot(report: BenchReport, path: Path) -> None:
     fig.suptitle(
         f"opforge bench: {report.device_name}, torch {report.torch_version}, {report.date[:10]}" + (", CUDA graphs" if report.graph else "")
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # leave the suptitle its own band
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
