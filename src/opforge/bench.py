@@ -294,17 +294,10 @@ def _device_name(device: torch.device) -> str:
 def _driver_version(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={device.index or 0}"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    from opforge import nvml
+
+    found = nvml.query()
+    return found[1] if found else None
 
 
 def _git_commit() -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
 import fcntl
 import json
@@ -38,6 +37,8 @@ from rich.console import Console
 from rich.text import Text
 
 from opforge.build import BuildError, cache_root, cuda_archs, cuda_home, library_config, want_cuda
+from opforge.nvml import GpuInfo
+from opforge.nvml import query as _nvml_gpus
 
 Severity = Literal["error", "warning"]
 
@@ -105,14 +106,6 @@ class NinjaInfo:
     path: str | None = None
     version: str | None = None
     source: str | None = None  # "PATH" or "pip package"
-
-
-@dataclass
-class GpuInfo:
-    index: int
-    name: str
-    capability: str
-    memory_gib: float | None = None
 
 
 @dataclass
@@ -449,43 +442,6 @@ def _ninja(problems: list[Problem]) -> NinjaInfo:
     res = _run([info.path, "--version"])
     info.version = _first_line(res.stdout) if res and res.returncode == 0 else None
     return info
-
-
-def _nvml_gpus() -> tuple[list[GpuInfo], str | None, str | None] | None:
-    """(GPUs, driver version, driver's CUDA version) through NVML, without a CUDA context; None without NVML."""
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    if nvml.nvmlInit_v2() != 0:
-        return None
-    try:
-        buf = ctypes.create_string_buffer(96)
-        driver = buf.value.decode() if nvml.nvmlSystemGetDriverVersion(buf, 96) == 0 else None
-        cuda_ver = ctypes.c_int(0)
-        driver_cuda = None
-        # Absent from old drivers' NVML; ctypes raises AttributeError for a missing symbol.
-        get_cuda_ver = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None)
-        if get_cuda_ver is not None and get_cuda_ver(ctypes.byref(cuda_ver)) == 0 and cuda_ver.value:
-            driver_cuda = f"{cuda_ver.value // 1000}.{cuda_ver.value % 1000 // 10}"
-        count = ctypes.c_uint(0)
-        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return None
-        gpus = []
-        for i in range(count.value):
-            handle = ctypes.c_void_p()
-            if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
-                return None
-            major, minor = ctypes.c_int(0), ctypes.c_int(0)
-            if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
-                return None
-            name = buf.value.decode(errors="replace") if nvml.nvmlDeviceGetName(handle, buf, 96) == 0 else "?"
-            mem = (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
-            gib = round(mem[0] / 2**30, 1) if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == 0 else None
-            gpus.append(GpuInfo(index=i, name=name, capability=f"{major.value}.{minor.value}", memory_gib=gib))
-        return gpus, driver, driver_cuda
-    finally:
-        nvml.nvmlShutdown()
 
 
 def _gpus(problems: list[Problem]) -> GpuSection:

@@ -91,34 +91,16 @@ def _nvml_capabilities() -> set[tuple[int, int]] | None:
     """The machine's GPU compute capabilities through NVML, or None.
 
     Asking torch would initialise CUDA at ``import opforge`` (hundreds of ms,
-    and a forked DataLoader worker could then no longer use CUDA). NVML needs
-    no CUDA context. It lists every GPU, ignoring CUDA_VISIBLE_DEVICES: a
-    superset of archs, never a missing one.
+    and a forked DataLoader worker could then no longer use CUDA). NVML lists
+    every GPU, ignoring CUDA_VISIBLE_DEVICES: a superset of archs, never a
+    missing one.
     """
-    import ctypes
+    from opforge import nvml
 
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
+    found = nvml.query()
+    if found is None:
         return None
-    if nvml.nvmlInit_v2() != 0:
-        return None
-    try:
-        count = ctypes.c_uint(0)
-        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return None
-        caps = set()
-        for i in range(count.value):
-            handle = ctypes.c_void_p()
-            major, minor = ctypes.c_int(0), ctypes.c_int(0)
-            if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
-                return None
-            if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
-                return None
-            caps.add((major.value, minor.value))
-        return caps or None
-    finally:
-        nvml.nvmlShutdown()
+    return {(int(g.capability.split(".")[0]), int(g.capability.split(".")[1])) for g in found[0]} or None
 
 
 def _gencode_flags(archs: tuple[str, ...]) -> list[str]:
