@@ -10,7 +10,7 @@ import torch
 
 import opforge
 
-HAS_CUDA = torch.cuda.is_available() and opforge.library.with_cuda
+HAS_CUDA = torch.cuda.is_available() and opforge.load().with_cuda
 _NO_CUDA_REASON = (
     "no CUDA GPU visible" if not torch.cuda.is_available() else "op library built without CUDA kernels (no nvcc or OPFORGE_BUILD_CUDA=0)"
 )
