@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from opforge.build import Library, library_config, load_library
+from opforge.build.prebuilt import load_library_file as load_library_file
 from opforge.spec import all_specs, register_module
 
 __version__ = "0.1.0"

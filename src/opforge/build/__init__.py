@@ -14,19 +14,22 @@ from pathlib import Path
 import torch
 
 from opforge.build.errors import BuildError, Diagnostic, parse_diagnostics
-from opforge.build.jit import BuildConfig, Library, cache_root, load_library
+from opforge.build.jit import BuildConfig, Library, build_library, cache_root, check_safe_to_load, load_library, load_module
 
 __all__ = [
     "BuildConfig",
     "BuildError",
     "Diagnostic",
     "Library",
+    "build_library",
     "cache_root",
+    "check_safe_to_load",
     "csrc_dir",
     "cuda_archs",
     "cuda_home",
     "library_config",
     "load_library",
+    "load_module",
     "op_sources",
     "parse_diagnostics",
     "want_cuda",

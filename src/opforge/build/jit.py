@@ -19,13 +19,16 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -60,6 +63,9 @@ class BuildConfig:
     ldflags: tuple[str, ...] = ()
     with_cuda: bool = False
     cuda_archs: tuple[str, ...] = ()
+    # A pybind11 extension module (PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)) to
+    # import, rather than a TORCH_LIBRARY library to load into torch.ops.
+    python_module: bool = False
 
     def key(self) -> str:
         h = hashlib.sha256()
@@ -72,7 +78,7 @@ class BuildConfig:
         put(_CACHE_FORMAT, self.name, torch.__version__, torch.version.cuda, sys.implementation.cache_tag)
         # The compilers torch will use: another compiler is another library.
         put(*(f"{v}={os.environ.get(v, '')}" for v in ("CXX", "CC", "CUDAHOSTCXX", "CUDA_HOME")))
-        put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs)
+        put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs, "|", self.python_module)
         for path in sorted(set(self.sources) | set(_headers(self.include_dirs))):
             put(path.name)
             h.update(path.read_bytes())
@@ -97,22 +103,82 @@ class Library:
     build_seconds: float | None
 
 
-def load_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
-    """Builds ``cfg`` if its cache entry is missing or broken, then loads it into torch.ops."""
+def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
+    """Builds ``cfg`` if its cache entry is missing or broken; loads nothing."""
     key = cfg.key()
     root = cache_root()
     entry = root / f"{cfg.name}-{key[:16]}"
-    so_name = f"{cfg.name}_{key[:16]}"
-    so = entry / f"{so_name}.so"
+    so = entry / f"{module_name(cfg, key)}.so"
     built_now, seconds = False, None
     if not _is_complete(entry, so):
         with _exclusive(root / f"{entry.name}.lock", quiet=quiet):
             # Another process may have finished it while we waited.
             if not _is_complete(entry, so):
-                seconds = _build(cfg, entry, so_name, quiet=quiet)
+                seconds = _build(cfg, entry, so.stem, quiet=quiet)
                 built_now = True
-    torch.ops.load_library(str(so))
     return Library(path=so, key=key, with_cuda=cfg.with_cuda, built_now=built_now, build_seconds=seconds)
+
+
+def module_name(cfg: BuildConfig, key: str) -> str:
+    """The library's file stem, and TORCH_EXTENSION_NAME: unique per build, so
+    two versions of one op never meet under one name in a process."""
+    return f"{cfg.name}_{key[:16]}"
+
+
+def load_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
+    """Builds ``cfg`` if needed, then loads it into torch.ops (TORCH_LIBRARY registrations run)."""
+    lib = build_library(cfg, quiet=quiet)
+    check_safe_to_load(lib.path)
+    torch.ops.load_library(str(lib.path))
+    return lib
+
+
+def load_module(cfg: BuildConfig, *, quiet: bool = False) -> tuple[types.ModuleType, Library]:
+    """Builds a pybind11 extension (``cfg.python_module``) if needed and imports it.
+
+    The module is named by TORCH_EXTENSION_NAME, which the build sets to the
+    library's own name, so the PYBIND11_MODULE name and the file always match."""
+    if not cfg.python_module:
+        raise ValueError(f"{cfg.name}: load_module needs BuildConfig(python_module=True)")
+    lib = build_library(cfg, quiet=quiet)
+    check_safe_to_load(lib.path)
+    name = lib.path.stem
+    if name in sys.modules:
+        return sys.modules[name], lib
+    spec = importlib.util.spec_from_file_location(name, lib.path)
+    if spec is None or spec.loader is None:
+        raise BuildError(f"opforge: cannot import {lib.path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        raise BuildError(
+            f"opforge: built {lib.path.name} but could not import it: {exc}. A pybind11 module must be declared as "
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) so that its name matches the file opforge builds"
+        ) from exc
+    sys.modules[name] = module
+    return module, lib
+
+
+def check_safe_to_load(path: Path) -> None:
+    """Refuses a library another user could have written: loading it runs its code.
+
+    The library, its directory and the cache root must belong to this user and
+    be writable by no one else (the cache is created 0700; a shared or loosened
+    one fails here, with the reason)."""
+    uid = os.getuid()
+    for p in (path, path.parent, cache_root()):
+        st = p.stat()
+        if st.st_uid != uid:
+            raise BuildError(
+                f"opforge: refusing to load {path}: {p} belongs to uid {st.st_uid}, not to you (uid {uid}). "
+                "Use a cache of your own: set OPFORGE_CACHE_DIR to a directory you own"
+            )
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise BuildError(
+                f"opforge: refusing to load {path}: {p} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}), so someone else could have replaced the library. Fix: chmod go-w {p}"
+            )
 
 
 def _is_complete(entry: Path, so: Path) -> bool:
