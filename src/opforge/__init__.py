@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 
-from opforge.build import Library, library_config, load_library
-from opforge.build.prebuilt import load_library_file as load_library_file
+from opforge.build import Library, library_config
+from opforge.build import load_library as _build_and_load
+from opforge.build.prebuilt import load_library_file as load_library
 from opforge.spec import all_specs, register_module
 
 __version__ = "0.1.0"
@@ -29,7 +30,7 @@ def load() -> Library:
     their public functions. Idempotent."""
     global library
     if library is None:
-        lib = load_library(library_config())
+        lib = _build_and_load(library_config())
         for spec in register_module("opforge.ops"):
             globals()[spec.name] = spec.function
         library = lib
@@ -41,4 +42,4 @@ if os.environ.get("OPFORGE_NO_AUTOLOAD") != "1":
 
 from opforge import nn  # noqa: E402 - after the operators, which its modules call
 
-__all__ = ["all_specs", "library", "load", "nn", *(_s.name for _s in all_specs())]
+__all__ = ["all_specs", "library", "load", "load_library", "nn", *(_s.name for _s in all_specs())]
