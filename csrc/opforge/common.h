@@ -141,6 +141,14 @@ void run_kernel(const char* op, const at::Tensor& out, Launch&& launch, CpuLoop&
   if (out.is_cuda()) {
     const c10::DeviceGuard guard(out.device());
     const char* error = launch(current_cuda_stream(out.device()));
+    if (error != nullptr && std::string(error).find("no kernel image") != std::string::npos) {
+      // The most common launch failure of a JIT-built library: it was built
+      // for other archs than this GPU's (TORCH_CUDA_ARCH_LIST set elsewhere).
+      TORCH_CHECK(false, op, ": CUDA kernel failed: ", error,
+                  ". The op library has no code for this GPU's architecture: rebuild with "
+                  "TORCH_CUDA_ARCH_LIST including it (or unset it to target the GPUs found); "
+                  "`opforge doctor` lists both");
+    }
     TORCH_CHECK(error == nullptr, op, ": CUDA kernel failed: ", error);
     return;
   }

@@ -288,6 +288,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if run_bench(args.ops, args.device, args.seed, _bench_options(args)) else 1
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def cmd_cache_list(args: argparse.Namespace) -> int:
+    import datetime
+
+    from opforge.build import cache, cache_root
+
+    found = cache.entries()
+    table = Table(title=f"opforge build cache: {cache_root()}")
+    for col in ("entry", "state", "size", "built in", "last used"):
+        table.add_column(col, justify="right" if col in ("size", "built in") else "left")
+    for e in found:
+        state = "complete" if e.complete else "[yellow]incomplete[/] (a failed or killed build; the next build wipes it)"
+        built = f"{e.build_seconds:.1f} s" if e.build_seconds is not None else "-"
+        when = datetime.datetime.fromtimestamp(e.last_used).isoformat(sep=" ", timespec="seconds")
+        table.add_row(e.path.name, state, _mib(e.size), built, when)
+    out.print(table)
+    out.print(f"{len(found)} entries, {_mib(sum(e.size for e in found))}")
+    return 0
+
+
+def cmd_cache_clean(args: argparse.Namespace) -> int:
+    from opforge.build import cache
+
+    if args.older_than is not None and args.older_than < 0:
+        raise SystemExit(f"opforge: --older-than must be a number of days >= 0, got {args.older_than}")
+    removed, busy = cache.clean(args.older_than)
+    for e in removed:
+        out.print(f"removed {e.path.name} ({_mib(e.size)})")
+    for e in busy:
+        out.print(f"[yellow]kept {e.path.name}: a build holds its lock[/]")
+    out.print(f"removed {len(removed)} entries, freed {_mib(sum(e.size for e in removed))}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """The main job: build, check, benchmark, print the tables."""
     cmd_build(args)
@@ -336,6 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         sp.add_argument("--compare", type=Path, default=None, help="an earlier --json: ratio per case, regressions flagged (exit 1)")
         sp.set_defaults(fn=fn)
+    sp = sub.add_parser("cache", help="list or clean the build cache")
+    cache_sub = sp.add_subparsers(dest="cache_command", required=True)
+    cache_sub.add_parser("list", help="entries, sizes, last use").set_defaults(fn=cmd_cache_list)
+    sp = cache_sub.add_parser("clean", help="remove entries (all, or unused for --older-than days); builds in progress are kept")
+    sp.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only entries not used for this many days")
+    sp.set_defaults(fn=cmd_cache_clean)
+
     from opforge import doctor, profile
 
     doctor.register_cli(sub)

@@ -116,6 +116,9 @@ def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
             if not _is_complete(entry, so):
                 seconds = _build(cfg, entry, so.stem, quiet=quiet)
                 built_now = True
+    # The directory's mtime is its last use: `opforge cache clean --older-than` reads it.
+    with contextlib.suppress(OSError):
+        os.utime(entry)
     return Library(path=so, key=key, with_cuda=cfg.with_cuda, built_now=built_now, build_seconds=seconds)
 
 

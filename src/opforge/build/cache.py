@@ -1,0 +1,88 @@
+"""The build cache: what is in it, and cleaning it without breaking a build in
+progress. One entry = one directory ``<name>-<16 hex of its key>`` under
+cache_root(), beside its lock file ``<entry>.lock``."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from opforge.build.jit import cache_root
+
+_ENTRY = re.compile(r"^(?P<name>.+)-(?P<key>[0-9a-f]{16})$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    name: str
+    key: str
+    complete: bool  # the build finished (its marker exists); else debris the next build wipes
+    size: int  # bytes on disk
+    last_used: float  # epoch seconds: the last load or build
+    build_seconds: float | None
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def entries(root: Path | None = None) -> list[Entry]:
+    root = root or cache_root()
+    found = []
+    for d in sorted(root.iterdir()):
+        m = _ENTRY.match(d.name)
+        if not d.is_dir() or not m:
+            continue
+        marker = d / "COMPLETE.json"
+        seconds = None
+        try:
+            seconds = json.loads(marker.read_text()).get("seconds")
+            complete = True
+        except (OSError, ValueError):
+            complete = False
+        found.append(Entry(d, m["name"], m["key"], complete, _size(d), d.stat().st_mtime, seconds))
+    return found
+
+
+@contextlib.contextmanager
+def _unless_busy(lock: Path) -> Iterator[bool]:
+    """Yields True holding the entry's lock, False if a build holds it now."""
+    with open(lock, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def clean(older_than_days: float | None = None, root: Path | None = None) -> tuple[list[Entry], list[Entry]]:
+    """Removes entries (all, or those unused for ``older_than_days``); returns
+    (removed, skipped because a build holds them). A process that has a removed
+    library loaded keeps running: the file is unlinked, not overwritten."""
+    root = root or cache_root()
+    cutoff = None if older_than_days is None else time.time() - older_than_days * 86400
+    removed, busy = [], []
+    for e in entries(root):
+        if cutoff is not None and e.last_used >= cutoff:
+            continue
+        lock = root / f"{e.path.name}.lock"
+        with _unless_busy(lock) as free:
+            if not free:
+                busy.append(e)
+                continue
+            shutil.rmtree(e.path, ignore_errors=True)
+        lock.unlink(missing_ok=True)
+        removed.append(e)
+    return removed, busy

@@ -1,0 +1,100 @@
+"""The cache as users see it: list, clean, busy entries kept, and refusing to
+load what another user could have written; loader errors explained."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from opforge.build import BuildError, cache, check_safe_to_load
+from opforge.build.prebuilt import explain_load_error, load_library_file
+
+
+def _entry(root: Path, name: str, complete: bool, age_days: float = 0.0) -> Path:
+    d = root / f"{name}-{'ab' * 8}"
+    d.mkdir(parents=True)
+    (d / f"{name}.so").write_bytes(b"\0" * 1000)
+    if complete:
+        (d / "COMPLETE.json").write_text('{"size": 1000, "sha256": "x", "seconds": 2.5}')
+    t = time.time() - age_days * 86400
+    os.utime(d, (t, t))
+    return d
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch) -> Path:
+    r = tmp_path / "cache"
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(r))
+    r.mkdir(mode=0o700)
+    return r
+
+
+def test_list_reports_complete_and_debris(root):
+    _entry(root, "lib_a", complete=True)
+    _entry(root, "lib_b", complete=False)
+    (root / "ceilings").mkdir()  # not an entry
+    found = {e.name: e for e in cache.entries()}
+    assert set(found) == {"lib_a", "lib_b"}
+    assert found["lib_a"].complete and found["lib_a"].build_seconds == 2.5 and found["lib_a"].size >= 1000
+    assert not found["lib_b"].complete
+
+
+def test_clean_older_than_keeps_recent_and_busy(root):
+    old = _entry(root, "old", complete=True, age_days=10)
+    new = _entry(root, "new", complete=True, age_days=0)
+    busy = _entry(root, "busy", complete=True, age_days=10)
+    with open(root / f"{busy.name}.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a build in progress
+        removed, kept = cache.clean(older_than_days=7)
+    assert [e.name for e in removed] == ["old"] and [e.name for e in kept] == ["busy"]
+    assert not old.exists() and new.exists() and busy.exists()
+    removed, kept = cache.clean()
+    assert {e.name for e in removed} == {"new", "busy"} and not kept
+    assert cache.entries() == []
+
+
+def test_refuses_a_group_writable_cache(root):
+    d = _entry(root, "lib", complete=True)
+    so = d / "lib.so"
+    check_safe_to_load(so)
+    root.chmod(0o770)
+    with pytest.raises(BuildError, match=r"writable by its group \(mode 0770\).*chmod go-w"):
+        check_safe_to_load(so)
+    root.chmod(0o700)
+    so.chmod(0o646)
+    with pytest.raises(BuildError, match="writable by others"):
+        check_safe_to_load(so)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a file to another user")
+def test_refuses_a_library_owned_by_another_user(root):
+    d = _entry(root, "lib", complete=True)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(BuildError, match=r"belongs to uid 65534, not to you.*OPFORGE_CACHE_DIR"):
+        check_safe_to_load(d / "lib.so")
+
+
+def test_load_library_file_explains_itself(tmp_path):
+    with pytest.raises(BuildError, match="no library at"):
+        load_library_file(tmp_path / "missing.so")
+    bogus = tmp_path / "bogus.so"
+    bogus.write_bytes(b"not an ELF file")
+    with pytest.raises(BuildError, match=r"could not load .*bogus\.so"):
+        load_library_file(bogus)
+    bogus.chmod(0o666)
+    with pytest.raises(BuildError, match="refusing to load"):
+        load_library_file(bogus)
+
+
+def test_loader_messages_are_explained():
+    p = Path("/x/libops.so")
+    msg = explain_load_error(p, "libc10.so: cannot open shared object file: No such file or directory")
+    assert "import torch" in msg
+    msg = explain_load_error(p, "/x/libops.so: undefined symbol: _ZN3c106detail14torchCheckFailEPKcS2_jRKSs")
+    assert "another torch" in msg and "_GLIBCXX_USE_CXX11_ABI" in msg and "torchCheckFail" in msg
+    assert explain_load_error(p, "/x/libops.so: invalid ELF header").startswith("libops.so is not a shared library")
+    assert explain_load_error(p, "something else") == ""
