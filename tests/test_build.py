@@ -215,3 +215,24 @@ def test_warm_import_stays_light():
     res = _run("import sys, opforge; print('torch.utils.cpp_extension' in sys.modules, 'setuptools' in sys.modules)", {})
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "False False"
+
+
+def test_torchrun_ranks_build_once(tmp_path):
+    """Four ranks under torchrun import opforge before it is built: one compiles,
+    three wait on the lock and load the result."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, torch, opforge\n"
+        "x = torch.ones(3)\n"
+        "print(f\"RANK {os.environ['RANK']} built={opforge.library.built_now} ok={opforge.add(x, x).tolist() == [2.0] * 3}\", flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "OPFORGE_BUILD_CUDA": "0", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", str(script)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("RANK "))
+    assert len(lines) == 4, res.stdout
+    assert sum("built=True" in line for line in lines) == 1, lines
+    assert all("ok=True" in line for line in lines), lines
