@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import opforge
-from opforge.build import BuildConfig, BuildError, cache_root, csrc_dir, library_config, load_library, parse_diagnostics
+from opforge.build import BuildConfig, BuildError, build_library, cache_root, csrc_dir, library_config, load_library, parse_diagnostics
 
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
 # A library with one tiny operator, quick to build (no ATen headers beyond the registration).
@@ -224,7 +224,9 @@ def test_torchrun_ranks_build_once(tmp_path):
     script.write_text(
         "import os, torch, opforge\n"
         "x = torch.ones(3)\n"
-        "print(f\"RANK {os.environ['RANK']} built={opforge.library.built_now} ok={opforge.add(x, x).tolist() == [2.0] * 3}\", flush=True)\n"
+        "from pathlib import Path\n"
+        "out = Path(__file__).with_name(f\"rank{os.environ['RANK']}.txt\")\n"
+        'out.write_text(f"built={opforge.library.built_now} ok={opforge.add(x, x).tolist() == [2.0] * 3}")\n'
     )
     env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "OPFORGE_BUILD_CUDA": "0", "OMP_NUM_THREADS": "1"}
     res = subprocess.run(
@@ -232,7 +234,33 @@ def test_torchrun_ranks_build_once(tmp_path):
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("RANK "))
-    assert len(lines) == 4, res.stdout
+    # Each rank writes its own file: ranks share stdout and their lines interleave.
+    lines = [(tmp_path / f"rank{r}.txt").read_text() for r in range(4)]
     assert sum("built=True" in line for line in lines) == 1, lines
     assert all("ok=True" in line for line in lines), lines
+
+
+def test_changing_one_source_recompiles_only_it(tmp_path, cache):
+    import torch
+
+    a, b = tmp_path / "one_a.cpp", tmp_path / "one_b.cpp"
+    frag = (
+        "#include <torch/library.h>\n"
+        "static int64_t {f}(int64_t x) {{ return x + {v}; }}\n"
+        'TORCH_LIBRARY_FRAGMENT(opforge_tiny_incr, m) {{ m.def("{f}(int x) -> int", &{f}); }}\n'
+    )
+    a.write_text(frag.format(f="fa", v=1))
+    b.write_text(frag.format(f="fb", v=2))
+    cfg = BuildConfig("opforge_tiny_incr", (a, b), (tmp_path,), ("-O0",))
+    first = load_library(cfg, quiet=True)
+    assert first.built_now and torch.ops.opforge_tiny_incr.fb(1) == 3
+    (objects,) = cache.glob("opforge_tiny_incr-*.objects")
+    log = objects / ".ninja_log"
+    before = len(log.read_text().splitlines())
+    b.write_text(frag.format(f="fb", v=2) + "// an edit\n")
+    second = build_library(cfg, quiet=True)
+    assert second.built_now and second.key != first.key and second.path != first.path
+    rebuilt = [line.split("\t")[3] for line in log.read_text().splitlines()[before:]]
+    assert sorted(rebuilt) == ["one_b.o", f"{second.path.stem}.so"], rebuilt
+    # The first entry is untouched: a process that loaded it keeps a valid file.
+    assert first.path.exists() and first.path.stat().st_ino != second.path.stat().st_ino

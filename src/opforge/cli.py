@@ -302,7 +302,12 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
     for col in ("entry", "state", "size", "built in", "last used"):
         table.add_column(col, justify="right" if col in ("size", "built in") else "left")
     for e in found:
-        state = "complete" if e.complete else "[yellow]incomplete[/] (a failed or killed build; the next build wipes it)"
+        if e.objects:
+            state = "objects (for incremental rebuilds)"
+        elif e.complete:
+            state = "complete"
+        else:
+            state = "[yellow]incomplete[/] (a failed or killed build; the next build wipes it)"
         built = f"{e.build_seconds:.1f} s" if e.build_seconds is not None else "-"
         when = datetime.datetime.fromtimestamp(e.last_used).isoformat(sep=" ", timespec="seconds")
         table.add_row(e.path.name, state, _mib(e.size), built, when)

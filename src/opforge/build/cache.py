@@ -1,6 +1,7 @@
 """The build cache: what is in it, and cleaning it without breaking a build in
-progress. One entry = one directory ``<name>-<16 hex of its key>`` under
-cache_root(), beside its lock file ``<entry>.lock``."""
+progress. Under cache_root(): finished libraries, one directory
+``<name>-<16 hex of its key>`` each, and the object directories they were built
+in, ``<name>-<16 hex>.objects``, each beside its lock file ``<dir>.lock``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from opforge.build.jit import cache_root
 
-_ENTRY = re.compile(r"^(?P<name>.+)-(?P<key>[0-9a-f]{16})$")
+_ENTRY = re.compile(r"^(?P<name>.+)-(?P<key>[0-9a-f]{16})(?P<objects>\.objects)?$")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Entry:
     size: int  # bytes on disk
     last_used: float  # epoch seconds: the last load or build
     build_seconds: float | None
+    objects: bool = False  # an object directory, kept for incremental rebuilds, not a library
 
 
 def _size(path: Path) -> int:
@@ -48,7 +50,7 @@ def entries(root: Path | None = None) -> list[Entry]:
             complete = True
         except (OSError, ValueError):
             complete = False
-        found.append(Entry(d, m["name"], m["key"], complete, _size(d), d.stat().st_mtime, seconds))
+        found.append(Entry(d, m["name"], m["key"], complete, _size(d), d.stat().st_mtime, seconds, objects=bool(m["objects"])))
     return found
 
 

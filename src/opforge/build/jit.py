@@ -68,6 +68,16 @@ class BuildConfig:
     python_module: bool = False
 
     def key(self) -> str:
+        """The cache key: everything that determines the built library."""
+        return self._hash(contents=True)
+
+    def objects_key(self) -> str:
+        """Everything but the sources' contents: builds that differ only in
+        what the files say share one object directory, so ninja recompiles
+        only the files that changed (its depfiles track the headers)."""
+        return self._hash(contents=False)
+
+    def _hash(self, *, contents: bool) -> str:
         h = hashlib.sha256()
 
         def put(*parts: object) -> None:
@@ -79,6 +89,9 @@ class BuildConfig:
         # The compilers torch will use: another compiler is another library.
         put(*(f"{v}={os.environ.get(v, '')}" for v in ("CXX", "CC", "CUDAHOSTCXX", "CUDA_HOME")))
         put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs, "|", self.python_module)
+        if not contents:
+            put(*sorted(str(s) for s in self.sources), "|", *sorted(str(d) for d in self.include_dirs))
+            return h.hexdigest()
         for path in sorted(set(self.sources) | set(_headers(self.include_dirs))):
             put(path.name)
             h.update(path.read_bytes())
@@ -104,17 +117,26 @@ class Library:
 
 
 def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
-    """Builds ``cfg`` if its cache entry is missing or broken; loads nothing."""
+    """Builds ``cfg`` if its cache entry is missing or broken; loads nothing.
+
+    A cache entry ``<name>-<key>`` holds one finished library and its marker.
+    Its objects are built in ``<name>-<objects key>.objects``, shared by every
+    version of the sources, so changing one op recompiles that op alone; the
+    entry's library is a hard link to the object directory's, made after the
+    build, so an entry is never rewritten once complete."""
     key = cfg.key()
     root = cache_root()
     entry = root / f"{cfg.name}-{key[:16]}"
-    so = entry / f"{module_name(cfg, key)}.so"
+    so = entry / f"{module_name(cfg)}.so"
     built_now, seconds = False, None
     if not _is_complete(entry, so):
-        with _exclusive(root / f"{entry.name}.lock", quiet=quiet):
+        objects = root / f"{cfg.name}-{cfg.objects_key()[:16]}.objects"
+        # One lock per object directory: it serialises every build that writes there.
+        with _exclusive(root / f"{objects.name}.lock", quiet=quiet):
             # Another process may have finished it while we waited.
             if not _is_complete(entry, so):
-                seconds = _build(cfg, entry, so.stem, quiet=quiet)
+                seconds = _build(cfg, objects, so.stem, quiet=quiet)
+                _publish(objects / so.name, entry, seconds, len(cfg.sources))
                 built_now = True
     # The directory's mtime is its last use: `opforge cache clean --older-than` reads it.
     with contextlib.suppress(OSError):
@@ -122,10 +144,11 @@ def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
     return Library(path=so, key=key, with_cuda=cfg.with_cuda, built_now=built_now, build_seconds=seconds)
 
 
-def module_name(cfg: BuildConfig, key: str) -> str:
-    """The library's file stem, and TORCH_EXTENSION_NAME: unique per build, so
-    two versions of one op never meet under one name in a process."""
-    return f"{cfg.name}_{key[:16]}"
+def module_name(cfg: BuildConfig) -> str:
+    """The library's file stem and TORCH_EXTENSION_NAME (a pybind11 module's
+    import name). Stable across source edits: a new name would change every
+    compile command and defeat the incremental build."""
+    return f"{cfg.name}_{cfg.objects_key()[:16]}"
 
 
 def load_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
@@ -221,22 +244,30 @@ def _exclusive(lock_path: Path, *, quiet: bool) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _build(cfg: BuildConfig, entry: Path, so_name: str, *, quiet: bool) -> float:
+def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> float:
+    """Runs torch's ninja build in the object directory (we hold its lock);
+    returns the seconds it took. Failed and killed builds leave objects that
+    are reused or, where a compile did not finish, recompiled: ninja logs a
+    step only once it completes and treats an output without a log entry as
+    out of date."""
     from torch.utils import cpp_extension
 
     _check_toolchain(cfg)
-    # No marker: whatever is here is debris of a failed or killed build,
-    # torch's own stale 'lock' file included. Start clean.
-    shutil.rmtree(entry, ignore_errors=True)
-    entry.mkdir(mode=0o700, parents=True)
-    # torch remembers per-process what it built under a name and skips the
-    # build when the inputs look unchanged, even though we just wiped them.
+    objects.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # torch's own lock file: a killed build leaves it, and torch would wait
+    # on it forever. Our flock says no one else is in this directory.
+    (objects / "lock").unlink(missing_ok=True)
+    # Relink into a new file, never into the inode an entry (and perhaps a
+    # running process) uses: the linker would truncate it in place.
+    (objects / f"{so_name}.so").unlink(missing_ok=True)
+    # torch remembers per process what it built under a name and skips the
+    # build when the inputs look unchanged.
     versioner = getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None)
     if versioner is not None and hasattr(versioner, "entries"):
         versioner.entries.pop(so_name, None)
 
     start = time.perf_counter()
-    progress = _Progress(entry, len(cfg.sources), quiet=quiet)
+    progress = _Progress(objects, cfg.name, len(cfg.sources), quiet=quiet)
     progress.start()
     try:
         cpp_extension.load(
@@ -246,25 +277,37 @@ def _build(cfg: BuildConfig, entry: Path, so_name: str, *, quiet: bool) -> float
             extra_cuda_cflags=list(cfg.cuda_cflags),
             extra_ldflags=list(cfg.ldflags),
             extra_include_paths=[str(d) for d in cfg.include_dirs],
-            build_directory=str(entry),
+            build_directory=str(objects),
             with_cuda=cfg.with_cuda,
             is_python_module=False,
             verbose=False,
         )
     except RuntimeError as exc:
         progress.stop(ok=False)
-        log = entry / "build.log"
+        log = objects / "build.log"
         log.write_text(str(exc))
         raise explain_build_failure(cfg.name, str(exc), log) from None
     seconds = time.perf_counter() - start
     progress.stop(ok=True, seconds=seconds)
-    so = entry / f"{so_name}.so"
-    _check_shared_libstdcxx(so)
-    marker = {"size": so.stat().st_size, "sha256": _sha256(so), "seconds": round(seconds, 2), "sources": len(cfg.sources)}
+    _check_shared_libstdcxx(objects / f"{so_name}.so")
+    return seconds
+
+
+def _publish(built: Path, entry: Path, seconds: float, n_sources: int) -> None:
+    """Makes ``entry`` hold ``built`` (a hard link: the same inode, so a process
+    that loaded the object directory's file and then loads the entry's gets
+    the library it already has) and, last, its completion marker."""
+    shutil.rmtree(entry, ignore_errors=True)
+    entry.mkdir(mode=0o700, parents=True)
+    so = entry / built.name
+    try:
+        os.link(built, so)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(built, so)
+    marker = {"size": so.stat().st_size, "sha256": _sha256(so), "seconds": round(seconds, 2), "sources": n_sources}
     tmp = entry / (_MARKER + ".tmp")
     tmp.write_text(json.dumps(marker))
     os.replace(tmp, entry / _MARKER)
-    return seconds
 
 
 def _check_toolchain(cfg: BuildConfig) -> None:
@@ -316,9 +359,11 @@ def _check_shared_libstdcxx(so: Path) -> None:
 class _Progress:
     """Prints build progress on stderr from ninja's log of finished steps."""
 
-    def __init__(self, entry: Path, n_sources: int, *, quiet: bool) -> None:
-        self.entry = entry
-        self.total = n_sources + 1  # one compile per source, then the link
+    def __init__(self, objects: Path, name: str, n_sources: int, *, quiet: bool) -> None:
+        self.objects = objects
+        self.name = name
+        self.total = n_sources + 1  # at most one compile per source, then the link
+        self._before = 0
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self._done = threading.Event()
@@ -327,12 +372,17 @@ class _Progress:
 
     def start(self) -> None:
         if not self.quiet:
-            print(f"opforge: building {self.entry.name} ({self.total - 1} sources, first use only)...", file=sys.stderr, flush=True)
+            self._before = self._steps()  # an incremental build appends to the log
+            print(
+                f"opforge: building {self.name} ({self.total - 1} sources, unchanged ones reused)...",
+                file=sys.stderr,
+                flush=True,
+            )
             self._thread.start()
 
     def _steps(self) -> int:
         try:
-            lines = (self.entry / ".ninja_log").read_text().splitlines()
+            lines = (self.objects / ".ninja_log").read_text().splitlines()
         except OSError:
             return 0
         return sum(1 for ln in lines if ln and not ln.startswith("#"))
@@ -341,7 +391,7 @@ class _Progress:
         last_print = 0.0
         while not self._done.wait(0.5):
             elapsed = time.perf_counter() - self._start
-            line = f"opforge: compiling [{self._steps()}/{self.total}] {elapsed:4.0f} s"
+            line = f"opforge: compiling [{self._steps() - self._before}/{self.total}] {elapsed:4.0f} s"
             if self.tty:
                 print("\r" + line, end="", file=sys.stderr, flush=True)
             elif elapsed - last_print >= 10:
@@ -356,4 +406,4 @@ class _Progress:
         if self.tty:
             print("\r", end="", file=sys.stderr)
         if ok:
-            print(f"opforge: built {self.entry.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
+            print(f"opforge: built {self.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
