@@ -170,7 +170,16 @@ def load_module(cfg: BuildConfig, *, quiet: bool = False) -> tuple[types.ModuleT
     check_safe_to_load(lib.path)
     name = lib.path.stem
     if name in sys.modules:
-        return sys.modules[name], lib
+        if getattr(sys.modules[name], "__file__", None) == str(lib.path):
+            return sys.modules[name], lib
+        # The module name outlives source edits (a new one would recompile
+        # every file), and pybind11 keeps one module per name in a process:
+        # importing the rebuilt file would hand back the old module, old code
+        # included. Build the edited sources once more under a name of their
+        # own, as torch's load does with name_v1; a new process gets the
+        # incrementally built one.
+        renamed = dataclasses.replace(cfg, cflags=(*cfg.cflags, f"-DOPFORGE_IN_PROCESS_REBUILD={lib.key[:16]}"))
+        return load_module(renamed, quiet=quiet)
     spec = importlib.util.spec_from_file_location(name, lib.path)
     if spec is None or spec.loader is None:
         raise BuildError(f"opforge: cannot import {lib.path}")
