@@ -82,3 +82,66 @@ def test_list_and_build():
     assert res.returncode == 0 and "opforge::axpby(Tensor x, Tensor y, float alpha=3., float beta=-1.) -> Tensor" in res.stdout
     res = opforge_cli("build")
     assert res.returncode == 0 and "op library:" in res.stdout and "(cached;" in res.stdout
+
+
+_TINY_OP = """#include "opforge/common.h"
+namespace {
+at::Tensor cube(const at::Tensor& x) {
+  opforge::check_floating("NS::cube", "x", x);
+  return x.mul(x).mul(x);
+}
+}  // namespace
+TORCH_LIBRARY(NS, m) { m.def("cube(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(NS, CPU, m) { m.impl("cube", &cube); }
+"""
+
+
+def test_build_a_user_folder_by_the_jit_route(tmp_path):
+    folder = tmp_path / "cube_op"
+    folder.mkdir()
+    (folder / "cube.cpp").write_text(_TINY_OP.replace("NS", "opforge_cli_cube"))
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "OPFORGE_NO_AUTOLOAD": "1"}
+    code = (
+        "import sys, torch; from pathlib import Path; from opforge.cli import build_folder\n"
+        f"assert build_folder(Path({str(folder)!r}), 'jit') == 0\n"
+        "x = torch.randn(5); assert torch.equal(torch.ops.opforge_cli_cube.cube(x), x * x * x)\n"
+        "print('OK')"
+    )
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
+    assert "cube_op: " in res.stdout and "loaded into torch.ops" in res.stdout
+    broken = tmp_path / "broken_op"
+    broken.mkdir()
+    (broken / "b.cpp").write_text("int f() { return nope; }\n")
+    res = subprocess.run([sys.executable, "-m", "opforge", "build", str(broken)], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1 and "b.cpp:1:" in res.stderr and "nope" in res.stderr
+
+
+def test_build_a_user_folder_by_the_cmake_route(tmp_path):
+    import shutil
+
+    if shutil.which("cmake") is None:
+        return
+    folder = tmp_path / "cube_cmake"
+    folder.mkdir()
+    (folder / "cube.cpp").write_text(
+        _TINY_OP.replace("NS", "opforge_cmake_cube")
+        .replace('#include "opforge/common.h"', "")
+        .replace('opforge::check_floating("opforge_cmake_cube::cube", "x", x);', "")
+    )
+    (folder / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(cube CXX)\nfind_package(Torch REQUIRED)\n"
+        "add_library(cube SHARED cube.cpp)\ntarget_link_libraries(cube ${TORCH_LIBRARIES})\n"
+        "set_target_properties(cube PROPERTIES CXX_STANDARD 17)\n"
+    )
+    (folder / "cube.cpp").write_text("#include <ATen/core/Tensor.h>\n#include <torch/library.h>\n" + (folder / "cube.cpp").read_text())
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "OPFORGE_NO_AUTOLOAD": "1"}
+    code = (
+        "import torch; from pathlib import Path; from opforge.cli import build_folder\n"
+        f"assert build_folder(Path({str(folder)!r}), 'cmake') == 0\n"
+        "x = torch.randn(5); assert torch.equal(torch.ops.opforge_cmake_cube.cube(x), x * x * x)\n"
+        "print('OK')"
+    )
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout[-3000:] + res.stderr[-3000:]
+    assert "(cmake; loaded into torch.ops)" in res.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
@@ -16,8 +17,8 @@ from rich.table import Table
 
 # Tables are wide: when output is piped (CI logs), rich would assume 80 columns.
 _WIDTH = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
-out = Console(width=_WIDTH)
-err = Console(stderr=True)
+out = Console(width=_WIDTH, soft_wrap=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, soft_wrap=True)
 
 
 def _library():  # noqa: ANN202
@@ -61,9 +62,86 @@ def _seed(seed: int | None) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    lib = _library()
-    how = f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
-    out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+    if args.path is None:
+        lib = _library()
+        how = f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+        out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+        return 0
+    return build_folder(args.path, args.route)
+
+
+def build_folder(path: Path, route: str) -> int:
+    """A user's folder of sources by one route: TORCH_LIBRARY ops (jit), a
+    seed-style pybind11 module (pybind), or its own CMakeLists.txt (cmake)."""
+    from opforge.build import BuildConfig, BuildError, csrc_dir, load_library, op_sources, want_cuda
+    from opforge.build.inline import build_pybind_folder
+
+    folder = path.resolve()
+    if not folder.is_dir():
+        raise SystemExit(f"opforge build: {path} is not a folder")
+    try:
+        if route == "jit":
+            cuda = want_cuda()
+            sources = op_sources(folder, with_cuda=cuda)
+            if not sources:
+                raise SystemExit(f"opforge build: no .cpp{' or .cu' if cuda else ''} files in {folder}")
+            name = "".join(c if c.isalnum() else "_" for c in folder.name)
+            flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()))
+            cfg = BuildConfig(name, tuple(sources), (folder, csrc_dir()), cflags=flags, ldflags=("-fopenmp",), with_cuda=cuda)
+            lib = load_library(cfg)
+            how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+            out.print(f"{folder.name}: {lib.path} ({how}; loaded into torch.ops)")
+        elif route == "pybind":
+            module = build_pybind_folder(folder)
+            names = sorted(n for n in dir(module) if not n.startswith("_"))
+            out.print(f"{folder.name}: module {module.__name__} from {module.__file__}: {', '.join(names)}")
+        else:
+            return _build_cmake(folder)
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
+    return 0
+
+
+def _build_cmake(folder: Path) -> int:
+    """cmake configure + build of the folder's CMakeLists.txt into the cache,
+    with torch's CMake package found, then every shared library it made loaded."""
+    import hashlib
+    import subprocess
+
+    import torch
+
+    from opforge import load_library
+    from opforge.build import cache_root
+
+    if not (folder / "CMakeLists.txt").is_file():
+        raise SystemExit(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
+    if shutil.which("cmake") is None:
+        raise SystemExit("opforge build: cmake is not on PATH (apt-get install cmake, or pip install cmake)")
+    build = cache_root() / f"cmake-{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:16]}"
+    for cmd in (
+        [
+            "cmake",
+            "-S",
+            str(folder),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+        ],
+        ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
+    ):
+        err.print(f"opforge build: {' '.join(cmd[:2])} ...", highlight=False)
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            err.print(res.stdout[-4000:] + res.stderr[-4000:], highlight=False, markup=False)
+            return 1
+    libs = sorted(p for p in build.glob("*.so") if p.is_file())
+    for so in libs:
+        load_library(so)
+        out.print(f"{folder.name}: {so} (cmake; loaded into torch.ops)")
+    if not libs:
+        raise SystemExit(f"opforge build: cmake built no shared library in {build}")
     return 0
 
 
@@ -349,7 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if a GPU is visible, else cpu")
         sp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, printed)")
 
-    sp = sub.add_parser("build", help="build (or find in the cache) the op library and say where it is")
+    sp = sub.add_parser("build", help="build (or find in the cache) the op library, or a folder of yours, and say where it is")
+    sp.add_argument("path", nargs="?", type=Path, default=None, help="a folder of your sources (default: opforge's own op library)")
+    sp.add_argument("--route", choices=["jit", "pybind", "cmake"], default="jit",
+                    help="jit: TORCH_LIBRARY ops; pybind: a PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; "
+                         "cmake: its CMakeLists.txt")  # fmt: skip
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("list", help="list the operators and their schemas")
     sp.set_defaults(fn=cmd_list)
