@@ -145,3 +145,10 @@ def test_build_a_user_folder_by_the_cmake_route(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout[-3000:] + res.stderr[-3000:]
     assert "(cmake; loaded into torch.ops)" in res.stdout
+
+
+def test_run_is_the_main_job():
+    res = opforge_cli("run", "square", "--device", "cpu", "--seed", "2", "--dtype", "float32", "--budget", "0.01", "--no-compile")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "op library:" in res.stdout and "opforge check" in res.stdout and "opforge bench" in res.stdout
+    assert "5 passed, 0 failed" in res.stdout

@@ -63,11 +63,15 @@ def _seed(seed: int | None) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     if args.path is None:
-        lib = _library()
-        how = f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
-        out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
-        return 0
+        return print_library()
     return build_folder(args.path, args.route)
+
+
+def print_library() -> int:
+    lib = _library()
+    how = f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+    out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+    return 0
 
 
 def build_folder(path: Path, route: str) -> int:
@@ -410,7 +414,7 @@ def cmd_cache_clean(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """The main job: build, check, benchmark, print the tables."""
-    cmd_build(args)
+    print_library()
     from opforge.check import CHECKS
 
     ok = run_check(args.ops, args.device, args.seed, CHECKS)
