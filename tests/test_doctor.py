@@ -19,6 +19,7 @@ from rich.console import Console
 import opforge
 from opforge import doctor
 from opforge.build import library_config, want_cuda
+from opforge.build.jit import module_name
 from opforge.doctor import (
     SECTIONS,
     DoctorReport,
@@ -91,7 +92,7 @@ def test_library_section_names_the_entry_without_building(clean_env):
     # A completed build of that entry (checksum and all) reads as built.
     entry = clean_env / lib.entry
     entry.mkdir()
-    so = entry / f"opforge_ops_{key[:16]}.so"
+    so = entry / f"{module_name(library_config())}.so"
     so.write_bytes(b"not really a library")
     (entry / "COMPLETE.json").write_text(json.dumps({"size": so.stat().st_size, "sha256": hashlib.sha256(so.read_bytes()).hexdigest()}))
     assert collect().library.state == "built"

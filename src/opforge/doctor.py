@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.text import Text
 
 from opforge.build import BuildError, cache_root, cuda_archs, cuda_home, library_config, want_cuda
+from opforge.build import cache as build_cache
 from opforge.nvml import GpuInfo
 from opforge.nvml import query as _nvml_gpus
 
@@ -45,8 +46,6 @@ Severity = Literal["error", "warning"]
 #: Section titles, in the order they are rendered.
 SECTIONS = ("Python", "torch", "nvcc", "C++ compiler", "ninja", "GPUs", "Cache", "Op library", "Problems")
 
-_MARKER = "COMPLETE.json"  # the build's completion marker (opforge.build.jit)
-_ENTRY = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{16})$")
 # A template using std::ostringstream pulls in the iostream/locale machinery
 # whose second copy crashes the process (see jit._check_shared_libstdcxx).
 _PROBE_SOURCE = """#include <sstream>
@@ -125,7 +124,7 @@ class GpuSection:
 @dataclass
 class CacheEntry:
     name: str
-    state: str  # "complete", "building" or "incomplete"
+    state: str  # "complete", "objects", "building" or "incomplete"
     size_bytes: int
     note: str = ""
 
@@ -592,19 +591,19 @@ def _cache(problems: list[Problem]) -> CacheInfo:
 
     locks = {p.name: _lock_state(p) for p in sorted(root.glob("*.lock")) if p.is_file()}
     info.locks = list(locks.values())
-    for d in sorted(root.iterdir()):
-        if not (d.is_dir() and _ENTRY.match(d.name)):
-            continue
-        entry = CacheEntry(name=d.name, state="complete", size_bytes=_tree_size(d))
-        if not (d / _MARKER).is_file():
-            lock = locks.get(f"{d.name}.lock")
-            if lock is not None and lock.held:
-                entry.state, entry.note = "building", f"being built now ({lock.holder or 'holder unknown'})"
-            else:
-                entry.state = "incomplete"
-                entry.note = "debris of a failed or killed build; the next build of it wipes it"
-                if (d / "build.log").is_file():
-                    entry.note += f"; the failure is in {d / 'build.log'}"
+    for e in build_cache.entries(root):
+        entry = CacheEntry(name=e.path.name, state="complete", size_bytes=e.size)
+        lock = locks.get(f"{e.path.name}.lock")
+        if lock is not None and lock.held:
+            # Builds lock the object directory they compile in.
+            entry.state, entry.note = "building", f"being built now ({lock.holder or 'holder unknown'})"
+        elif e.objects:
+            entry.state, entry.note = "objects", "object files kept for incremental rebuilds"
+        elif not e.complete:
+            entry.state = "incomplete"
+            entry.note = "debris of a failed or killed build; the next build of it wipes it"
+        if entry.state != "complete" and (e.path / "build.log").is_file():
+            entry.note += f"; the failure is in {e.path / 'build.log'}"
         info.entries.append(entry)
     info.size_bytes = _tree_size(root)
     return info
@@ -633,11 +632,11 @@ def _library(problems: list[Problem], cache: CacheInfo) -> LibraryInfo:
     if state is None:
         info.state, info.note = "not built", "the next `import opforge` (or `opforge build`) builds it"
     elif state.state == "complete":
-        from opforge.build.jit import _is_complete
+        from opforge.build.jit import _is_complete, module_name
 
         # The checksum is what load_library checks too: a library changed after
         # its build is rebuilt, not loaded.
-        if _is_complete(entry, entry / f"{cfg.name}_{key[:16]}.so"):
+        if _is_complete(entry, entry / f"{module_name(cfg)}.so"):
             info.state = "built"
         else:
             info.state, info.note = "corrupt", "its library does not match its checksum; the next build replaces it"
