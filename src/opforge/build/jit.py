@@ -195,20 +195,18 @@ def load_module(cfg: BuildConfig, *, quiet: bool = False) -> tuple[types.ModuleT
     return module, lib
 
 
-def check_safe_to_load(path: Path) -> None:
+def check_safe_to_load(path: Path, *, in_cache: bool = True) -> None:
     """Refuses a library another user could have written: loading it runs its code.
 
-    The library, its directory and the cache root must belong to this user and
-    be writable by no one else (the cache is created 0700; a shared or loosened
-    one fails here, with the reason)."""
+    The library and its directory (and, for the cache's own libraries, the
+    cache root) must belong to this user and be writable by no one else (the
+    cache is created 0700; a shared or loosened one fails here, with the reason)."""
     uid = os.getuid()
-    for p in (path, path.parent, cache_root()):
+    for p in (path, path.parent, cache_root()) if in_cache else (path, path.parent):
         st = p.stat()
         if st.st_uid != uid:
-            raise BuildError(
-                f"opforge: refusing to load {path}: {p} belongs to uid {st.st_uid}, not to you (uid {uid}). "
-                "Use a cache of your own: set OPFORGE_CACHE_DIR to a directory you own"
-            )
+            fix = "Use a cache of your own: set OPFORGE_CACHE_DIR to a directory you own" if in_cache else f"Fix: chown it to uid {uid}"
+            raise BuildError(f"opforge: refusing to load {path}: {p} belongs to uid {st.st_uid}, not to you (uid {uid}). {fix}")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise BuildError(
                 f"opforge: refusing to load {path}: {p} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} "

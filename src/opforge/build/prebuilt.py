@@ -3,12 +3,11 @@ torch.ops, with the loader's errors turned into causes and fixes."""
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from pathlib import Path
 
 from opforge.build.errors import BuildError
+from opforge.build.jit import check_safe_to_load
 
 
 def explain_load_error(path: Path, message: str) -> str:
@@ -40,24 +39,13 @@ def load_library_file(path: str | Path) -> Path:
     p = Path(path).resolve()
     if not p.is_file():
         raise BuildError(f"opforge: no library at {p}")
-    _check_owner(p)
+    check_safe_to_load(p, in_cache=False)
     try:
         torch.ops.load_library(str(p))
     except OSError as exc:
         why = explain_load_error(p, str(exc))
         raise BuildError(f"opforge: could not load {p}: {exc}" + (f"\n{why}" if why else "")) from exc
     return p
-
-
-def _check_owner(p: Path) -> None:
-    # Outside the cache only the file and its folder are ours to vouch for.
-    for q in (p, p.parent):
-        st = q.stat()
-        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise BuildError(
-                f"opforge: refusing to load {p}: {q} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}; "
-                "a library others can write could run anyone's code. Fix: chown it to yourself and chmod go-w"
-            )
 
 
 __all__ = ["explain_load_error", "load_library_file"]
