@@ -8,7 +8,9 @@ temporary directory), so nothing is shared but the compiler's page cache:
 * the same op's source through ``torch.utils.cpp_extension.load_inline`` with
   ``torch/extension.h`` and pybind11, the way seed 002 builds it;
 * warm ``import opforge`` (library cached), opforge's part of the import only;
-* rebuild after one op's source changed (the other ops' objects reused).
+* rebuild after one op's source changed (the other ops' objects reused);
+* with CUDA: one small op with its CUDA kernel;
+* ``pip wheel --no-build-isolation`` of the project: the setuptools route.
 
 Run: ``python benchmarks/build_speed.py [--json FILE]`` (CPU or GPU machine).
 """
@@ -52,6 +54,16 @@ def _py(code: str, env: dict[str, str]) -> float:
     return float(res.stdout.strip().splitlines()[-1])
 
 
+def _cuda_build() -> bool:
+    res = subprocess.run(
+        [sys.executable, "-c", "from opforge.build import want_cuda; print(want_cuda())"],
+        env={**os.environ, "PYTHONPATH": str(SRC), "OPFORGE_NO_AUTOLOAD": "1"},
+        capture_output=True,
+        text=True,
+    )
+    return res.stdout.strip().endswith("True")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, default=None)
@@ -73,6 +85,19 @@ def main() -> None:
         "print(time.perf_counter() - t)"
     )  # fmt: skip
     rows.append(("cold build, one small op (square), minimal headers", _py(one, {**base, "OPFORGE_NO_AUTOLOAD": "1"}), "opforge JIT"))
+    if _cuda_build():
+        one_cuda = (
+            "import time, torch\nfrom opforge.build import BuildConfig, csrc_dir, build_library, cuda_archs\n"
+            "from opforge.build import _gencode_flags\n"
+            "t = time.perf_counter()\nd = csrc_dir()\n"
+            "src = (d / 'ops' / 'square' / 'square.cpp', d / 'ops' / 'square' / 'square_kernel.cu', d / 'opforge' / 'cuda_stream.cpp')\n"
+            "archs = cuda_archs()\n"
+            "cfg = BuildConfig('speed_square_cuda', src, (d,), ('-O3', '-fopenmp', '-DOPFORGE_WITH_CUDA'),\n"
+            "                  ('-O3', '-DOPFORGE_WITH_CUDA', *_gencode_flags(archs)), with_cuda=True, cuda_archs=archs)\n"
+            "build_library(cfg, quiet=True)\n"
+            "print(time.perf_counter() - t)"
+        )  # fmt: skip
+        rows.append(("cold build, one small op with its CUDA kernel", _py(one_cuda, {**base, "OPFORGE_NO_AUTOLOAD": "1"}), "opforge JIT"))
 
     inline = (
         "import time, torch\nfrom torch.utils.cpp_extension import load_inline\n"
@@ -104,6 +129,24 @@ def main() -> None:
     )  # fmt: skip
     rows.append(("rebuild after one op's source changed", _py(rebuild, {**env_copy, "OPFORGE_NO_AUTOLOAD": "1"}), "opforge JIT"))
 
+    # The ahead-of-time route: a wheel with the prebuilt library, from a copy of the project.
+    project = tmp / "project"
+    project.mkdir()
+    outputs = shutil.ignore_patterns("*.egg-info", "__pycache__", "*.so", "_C.build.json")
+    for part in ("pyproject.toml", "setup.py", "README.md", "src", "csrc"):
+        if (REPO / part).is_dir():
+            shutil.copytree(REPO / part, project / part, ignore=outputs)
+        else:
+            shutil.copy2(REPO / part, project / part)
+    wheel = (
+        "import subprocess, sys, time\nt = time.perf_counter()\n"
+        f"subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-build-isolation', '--no-deps', '-w', {str(tmp / 'wheels')!r},"
+        f" {str(project)!r}], check=True, stdout=subprocess.DEVNULL)\n"
+        "print(time.perf_counter() - t)"
+    )  # fmt: skip
+    env_wheel = {k: v for k, v in base.items() if k != "PYTHONPATH"}
+    rows.append(("pip wheel --no-build-isolation (whole library, prebuilt)", _py(wheel, env_wheel), "setuptools"))
+
     import torch
 
     report = {
@@ -111,7 +154,8 @@ def main() -> None:
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "cuda_kernels_built": bool(torch.version.cuda),
+        "cuda_kernels_built": _cuda_build(),
+        "jobs": os.environ.get("MAX_JOBS", "all cores"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "rows": [{"case": c, "seconds": round(s, 3), "route": r} for c, s, r in rows],
     }

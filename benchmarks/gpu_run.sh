@@ -2,6 +2,8 @@
 # The GPU machine's work (device tool), in two calls that each fit its 10-minute limit:
 #   bash benchmarks/gpu_run.sh verify   # build with CUDA, all tests, doctor, profile add (+ --sanitize)
 #   bash benchmarks/gpu_run.sh bench    # check --seeds 2, bench --sweep (JSON, CSV, PNG), bench --graph
+#   bash benchmarks/gpu_run.sh routes   # build speed; a CUDA wheel in a venv (prebuilt library) with the
+#                                       # op tests; the inline, pybind and folder routes' tests
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,5 +44,22 @@ bench)
     --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" | grep -E "2\^2[48] |2\^1[26] |wrote|no .* timing" | head -80
   opforge bench --device cuda --seed 1 --graph --dtype float32 --budget 0.1 --no-compile --json "$OUT/bench-graph.json" \
     2>&1 | tee "$OUT/bench-graph.log" | grep -E "2\^(16|20) "
+  ;;
+routes)
+  python3 benchmarks/build_speed.py --json "$OUT/build-speed.json" 2>&1 | tee "$OUT/build-speed.log"
+  rm -rf /tmp/opforge-wheel /tmp/opforge-venv
+  wstart=$(date +%s)
+  python3 -m pip wheel -v --no-build-isolation --no-deps -w /tmp/opforge-wheel . > "$OUT/wheel.log" 2>&1
+  echo "wheel rc=$? in $(( $(date +%s) - wstart )) s: $(ls /tmp/opforge-wheel)"
+  grep "opforge: building" "$OUT/wheel.log"
+  # The machine has no package registry: the fresh venv borrows the machine's torch (and pytest) by PYTHONPATH.
+  TORCH_SITE=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  python3 -m venv /tmp/opforge-venv && /tmp/opforge-venv/bin/pip install -q --no-deps /tmp/opforge-wheel/*.whl
+  (cd /tmp && OPFORGE_LIBRARY=prebuilt PYTHONPATH=$TORCH_SITE /tmp/opforge-venv/bin/python -c \
+    "import opforge; print('prebuilt:', opforge.library.route, opforge.library.path, 'cuda', opforge.library.with_cuda)")
+  (cd /tmp && OPFORGE_LIBRARY=prebuilt PYTHONPATH=$TORCH_SITE /tmp/opforge-venv/bin/python -m pytest -q -p no:cacheprovider \
+    "$OLDPWD/tests/test_ops.py" "$OLDPWD/tests/test_layout.py" 2>&1 | tee "$OUT/pytest-prebuilt.log" | tail -3)
+  python3 -m pytest -q -p no:cacheprovider tests/test_inline.py tests/test_cli.py tests/test_prebuilt.py -k "not fresh_venv" 2>&1 \
+    | tee "$OUT/pytest-routes.log" | tail -3
   ;;
 esac

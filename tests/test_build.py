@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import opforge
 from opforge.build import BuildConfig, BuildError, build_library, cache_root, csrc_dir, library_config, load_library, parse_diagnostics
@@ -264,3 +266,25 @@ def test_changing_one_source_recompiles_only_it(tmp_path, cache):
     assert sorted(rebuilt) == ["one_b.o", f"{second.path.stem}.so"], rebuilt
     # The first entry is untouched: a process that loaded it keeps a valid file.
     assert first.path.exists() and first.path.stat().st_ino != second.path.stat().st_ino
+
+
+@pytest.mark.parametrize(("release", "fails"), [("11.8", True), ("13.9", False)])
+def test_nvcc_of_another_cuda_than_torch_is_explained_before_compiling(tmp_path, monkeypatch, capsys, release, fails):
+    from torch.utils import cpp_extension
+
+    from opforge.build import jit
+
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(home))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    cfg = dataclasses.replace(_tiny(tmp_path, "mismatch"), with_cuda=True)
+    if fails:
+        with pytest.raises(BuildError, match=r"nvcc is 11\.8 but torch was built with 13\.0.*Fix: point CUDA_HOME at a 13\.x toolkit"):
+            jit._check_toolchain(cfg)
+    else:
+        jit._check_toolchain(cfg)
+        assert "warning: nvcc is 13.9 but torch was built with 13.0" in capsys.readouterr().err

@@ -57,6 +57,27 @@ def test_clean_older_than_keeps_recent_and_busy(root):
     assert cache.entries() == []
 
 
+def test_inline_sources_and_other_routes_are_listed_and_cleaned(root):
+    from opforge.build.inline import _write_sources
+
+    src = _write_sources("strings_op", {"strings_op.cpp": "int x;\n"})
+    t = time.time() - 30 * 86400
+    os.utime(src, (t, t))
+    fresh = _write_sources("fresh_op", {"fresh_op.cpp": "int y;\n"})
+    cmake = root / f"cmake-user_op-{'cd' * 8}"
+    cmake.mkdir()
+    (cmake / "CMakeCache.txt").write_text("")
+    found = {e.name: e for e in cache.entries()}
+    assert {"inline/strings_op", "inline/fresh_op", "cmake-user_op"} <= set(found)
+    assert found["cmake-user_op"].complete and found["inline/strings_op"].complete
+    removed, _ = cache.clean(older_than_days=7)
+    assert [e.name for e in removed] == ["inline/strings_op"]
+    assert not src.exists() and fresh.exists()
+    # Reusing the same strings marks the folder as used now.
+    _write_sources("fresh_op", {"fresh_op.cpp": "int y;\n"})
+    assert time.time() - fresh.stat().st_mtime < 60
+
+
 def test_refuses_a_group_writable_cache(root):
     d = _entry(root, "lib", complete=True)
     so = d / "lib.so"

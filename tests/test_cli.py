@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import opforge
 
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
@@ -96,32 +98,36 @@ TORCH_LIBRARY_IMPL(NS, CPU, m) { m.impl("cube", &cube); }
 """
 
 
-def test_build_a_user_folder_by_the_jit_route(tmp_path):
+@pytest.mark.parametrize("route", ["jit", "inline", "setuptools"])
+def test_build_a_user_folder_by_a_torch_library_route(tmp_path, route):
     folder = tmp_path / "cube_op"
     folder.mkdir()
-    (folder / "cube.cpp").write_text(_TINY_OP.replace("NS", "opforge_cli_cube"))
+    ns = f"opforge_cli_cube_{route}"
+    (folder / "cube.cpp").write_text(_TINY_OP.replace("NS", ns))
     env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "OPFORGE_NO_AUTOLOAD": "1"}
     code = (
         "import sys, torch; from pathlib import Path; from opforge.cli import build_folder\n"
-        f"assert build_folder(Path({str(folder)!r}), 'jit') == 0\n"
-        "x = torch.randn(5); assert torch.equal(torch.ops.opforge_cli_cube.cube(x), x * x * x)\n"
+        f"assert build_folder(Path({str(folder)!r}), {route!r}) == 0\n"
+        f"x = torch.randn(5); assert torch.equal(torch.ops.{ns}.cube(x), x * x * x)\n"
         "print('OK')"
     )
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
-    assert "cube_op: " in res.stdout and "loaded into torch.ops" in res.stdout
+    assert "cube_op: " in res.stdout and "loaded into torch.ops" in res.stdout and f"({route}" in res.stdout.replace("(built", "(jit")
     broken = tmp_path / "broken_op"
     broken.mkdir()
     (broken / "b.cpp").write_text("int f() { return nope; }\n")
-    res = subprocess.run([sys.executable, "-m", "opforge", "build", str(broken)], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 1 and "b.cpp:1:" in res.stderr and "nope" in res.stderr
+    cmd = [sys.executable, "-m", "opforge", "build", str(broken), "--route", route]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1 and "nope" in res.stderr, res.stderr
+    assert ("b.cpp:1:" if route != "inline" else "broken_op.cpp:1:") in res.stderr
 
 
 def test_build_a_user_folder_by_the_cmake_route(tmp_path):
     import shutil
 
     if shutil.which("cmake") is None:
-        return
+        pytest.skip("cmake is not installed")
     folder = tmp_path / "cube_cmake"
     folder.mkdir()
     (folder / "cube.cpp").write_text(

@@ -1,8 +1,10 @@
 """opforge: custom C++/CUDA operators as first-class PyTorch operators.
 
-Importing opforge loads its compiled op library into ``torch.ops.opforge``,
-building it on first use (JIT, cached under ``~/.cache/opforge`` or
-``OPFORGE_CACHE_DIR``), registers each operator's fake kernel and autograd
+Importing opforge loads its compiled op library into ``torch.ops.opforge``:
+the one ``pip install`` built (``opforge._C``) when it fits this torch, these
+sources and these GPUs, else a JIT build on first use (cached under
+``~/.cache/opforge`` or ``OPFORGE_CACHE_DIR``); ``OPFORGE_LIBRARY=jit|prebuilt``
+forces one, registers each operator's fake kernel and autograd
 formula from its spec, and exposes a public function per operator:
 ``opforge.add``, ``opforge.square``, ``opforge.axpby``, ``opforge.sigmoid``, ...
 
@@ -14,9 +16,9 @@ from __future__ import annotations
 
 import os
 
-from opforge.build import Library, library_config
-from opforge.build import load_library as _build_and_load
+from opforge.build import Library
 from opforge.build.prebuilt import load_library_file as load_library
+from opforge.build.prebuilt import load_op_library
 from opforge.spec import all_specs, register_module
 
 __version__ = "0.1.0"
@@ -30,7 +32,7 @@ def load() -> Library:
     their public functions. Idempotent."""
     global library
     if library is None:
-        lib = _build_and_load(library_config())
+        lib = load_op_library()
         for spec in register_module("opforge.ops"):
             globals()[spec.name] = spec.function
         library = lib

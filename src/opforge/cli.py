@@ -75,26 +75,41 @@ def print_library() -> int:
 
 
 def build_folder(path: Path, route: str) -> int:
-    """A user's folder of sources by one route: TORCH_LIBRARY ops (jit), a
-    seed-style pybind11 module (pybind), or its own CMakeLists.txt (cmake)."""
-    from opforge.build import BuildConfig, BuildError, csrc_dir, load_library, op_sources, want_cuda
-    from opforge.build.inline import build_pybind_folder
+    """A user's folder of sources by one route. TORCH_LIBRARY ops: jit (the
+    cached ninja build), inline (its files handed to opforge.build.inline as
+    strings), setuptools (build_ext, as pip install would). A seed-style
+    pybind11 module: pybind. Its own CMakeLists.txt: cmake."""
+    from opforge import load_library as load_library_file
+    from opforge.build import BuildError, folder_config, load_library
+    from opforge.build.inline import build_pybind_folder, inline
 
     folder = path.resolve()
     if not folder.is_dir():
         raise SystemExit(f"opforge build: {path} is not a folder")
     try:
         if route == "jit":
-            cuda = want_cuda()
-            sources = op_sources(folder, with_cuda=cuda)
-            if not sources:
-                raise SystemExit(f"opforge build: no .cpp{' or .cu' if cuda else ''} files in {folder}")
-            name = "".join(c if c.isalnum() else "_" for c in folder.name)
-            flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()))
-            cfg = BuildConfig(name, tuple(sources), (folder, csrc_dir()), cflags=flags, ldflags=("-fopenmp",), with_cuda=cuda)
-            lib = load_library(cfg)
+            lib = load_library(folder_config(folder))
             how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
             out.print(f"{folder.name}: {lib.path} ({how}; loaded into torch.ops)")
+        elif route == "inline":
+            cfg = folder_config(folder)
+            own = [s for s in cfg.sources if s.parent == folder]
+            text = {suffix: "\n".join(s.read_text() for s in own if s.suffix == suffix) for suffix in (".cpp", ".cu")}
+            lib = inline(
+                cfg.name,
+                cpp=text[".cpp"],
+                cuda=text[".cu"],
+                extra_cflags=[f"-I{d}" for d in cfg.include_dirs] + ["-fopenmp"],
+                extra_cuda_cflags=[f"-I{d}" for d in cfg.include_dirs],
+                implicit_headers=False,
+            )
+            out.print(f"{folder.name}: {lib.path} (inline; loaded into torch.ops)")
+        elif route == "setuptools":
+            from opforge.build.setuptools_ext import build_folder as build_with_setuptools
+
+            so = build_with_setuptools(folder)
+            load_library_file(so)
+            out.print(f"{folder.name}: {so} (setuptools; loaded into torch.ops)")
         elif route == "pybind":
             module = build_pybind_folder(folder)
             names = sorted(n for n in dir(module) if not n.startswith("_"))
@@ -433,8 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sp = sub.add_parser("build", help="build (or find in the cache) the op library, or a folder of yours, and say where it is")
     sp.add_argument("path", nargs="?", type=Path, default=None, help="a folder of your sources (default: opforge's own op library)")
-    sp.add_argument("--route", choices=["jit", "pybind", "cmake"], default="jit",
-                    help="jit: TORCH_LIBRARY ops; pybind: a PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; "
+    sp.add_argument("--route", choices=["jit", "inline", "setuptools", "pybind", "cmake"], default="jit",
+                    help="TORCH_LIBRARY ops by jit (cached ninja build), inline (the files as strings) or setuptools "
+                         "(build_ext, as pip install); pybind: a PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; "
                          "cmake: its CMakeLists.txt")  # fmt: skip
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("list", help="list the operators and their schemas")

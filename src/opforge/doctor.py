@@ -150,7 +150,8 @@ class CacheInfo:
 
 @dataclass
 class LibraryInfo:
-    route: str = "JIT"  # the only route today
+    route: str = "JIT"  # "prebuilt" (opforge._C from pip install) or "JIT" (built into the cache)
+    prebuilt: str = ""  # why the prebuilt library is, or is not, the one loaded
     key: str | None = None
     entry: str | None = None
     entry_path: str | None = None
@@ -615,6 +616,19 @@ def _library(problems: list[Problem], cache: CacheInfo) -> LibraryInfo:
     loaded = getattr(mod, "library", None)
     if loaded is not None:
         info.loaded_path = str(loaded.path)
+    from opforge.build.prebuilt import choose_prebuilt
+
+    try:
+        so, info.prebuilt = choose_prebuilt()
+    except BuildError as exc:
+        problems.append(Problem("error", str(exc).removeprefix("opforge: "), "set OPFORGE_LIBRARY to auto, prebuilt or jit"))
+        so, info.prebuilt = None, str(exc)
+    if so is not None:
+        info.route, info.state, info.entry, info.entry_path = "prebuilt", "built", so.name, str(so)
+        info.with_cuda = "CUDA kernels" in info.prebuilt
+        if info.loaded_path and Path(info.loaded_path) != so:
+            info.note = "the loaded library is not the one a new process would load: the sources or environment changed since"
+        return info
     try:
         cfg = library_config()
         key = cfg.key()
@@ -739,6 +753,7 @@ def _rows(report: DoctorReport) -> dict[str, list[tuple[str, str]]]:
         "Cache": cache_rows,
         "Op library": [
             ("route", lib.route),
+            ("prebuilt", lib.prebuilt or "-"),
             ("entry", lib.entry or "-"),
             ("state", lib.state + (f": {lib.note}" if lib.note else "")),
             ("CUDA kernels", _yn(lib.with_cuda)),

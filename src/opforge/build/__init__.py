@@ -27,6 +27,7 @@ __all__ = [
     "csrc_dir",
     "cuda_archs",
     "cuda_home",
+    "folder_config",
     "library_config",
     "load_library",
     "load_module",
@@ -123,6 +124,28 @@ def op_sources(op_dir: Path, *, with_cuda: bool) -> list[Path]:
     if with_cuda:
         srcs += sorted(op_dir.glob("*.cu"))
     return srcs
+
+
+def folder_config(folder: Path, *, with_cuda: bool | None = None) -> BuildConfig:
+    """A user's op folder (TORCH_LIBRARY sources, .cpp and .cu) as a build: its
+    own headers and opforge's (``opforge/common.h``) on the include path."""
+    cuda = want_cuda() if with_cuda is None else with_cuda
+    sources = op_sources(folder, with_cuda=cuda)
+    if not sources:
+        raise BuildError(f"opforge: no .cpp{' or .cu' if cuda else ''} files in {folder}")
+    name = "".join(c if c.isalnum() else "_" for c in folder.name)
+    root = csrc_dir()
+    flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()))
+    cuda_flags: tuple[str, ...] = ()
+    archs: tuple[str, ...] = ()
+    if cuda:
+        archs = cuda_archs()
+        cuda_flags = ("-O3", "-DOPFORGE_WITH_CUDA", *_gencode_flags(archs))
+        # The current-stream helper the CUDA launchers of common.h call.
+        sources = [*sources, root / "opforge" / "cuda_stream.cpp"]
+    return BuildConfig(
+        name, tuple(sources), (folder, root), cflags=flags, cuda_cflags=cuda_flags, ldflags=("-fopenmp",), with_cuda=cuda, cuda_archs=archs
+    )
 
 
 def library_config(*, with_cuda: bool | None = None) -> BuildConfig:

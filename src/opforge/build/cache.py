@@ -37,8 +37,16 @@ def _size(path: Path) -> int:
 
 
 def entries(root: Path | None = None) -> list[Entry]:
+    """Everything in the cache: libraries (JIT, setuptools and cmake builds of
+    user folders too), object directories, and ``inline/``'s source folders."""
     root = root or cache_root()
     found = []
+    inline = root / "inline"
+    for d in sorted(inline.iterdir()) if inline.is_dir() else ():
+        m = _ENTRY.match(d.name)
+        if d.is_dir() and m:
+            # Written sources are whole from the start (each file is renamed into place).
+            found.append(Entry(d, f"inline/{m['name']}", m["key"], True, _size(d), d.stat().st_mtime, None))
     for d in sorted(root.iterdir()):
         m = _ENTRY.match(d.name)
         if not d.is_dir() or not m:
@@ -49,7 +57,8 @@ def entries(root: Path | None = None) -> list[Entry]:
             seconds = json.loads(marker.read_text()).get("seconds")
             complete = True
         except (OSError, ValueError):
-            complete = False
+            # A cmake build directory has no marker of ours: configured is as complete as it gets.
+            complete = (d / "CMakeCache.txt").is_file()
         found.append(Entry(d, m["name"], m["key"], complete, _size(d), d.stat().st_mtime, seconds, objects=bool(m["objects"])))
     return found
 
@@ -79,7 +88,7 @@ def clean(older_than_days: float | None = None, root: Path | None = None) -> tup
     for e in entries(root):
         if cutoff is not None and e.last_used >= cutoff:
             continue
-        lock = root / f"{e.path.name}.lock"
+        lock = e.path.parent / f"{e.path.name}.lock"
         with _unless_busy(lock) as free:
             if not free:
                 busy.append(e)

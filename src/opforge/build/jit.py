@@ -77,6 +77,15 @@ class BuildConfig:
         only the files that changed (its depfiles track the headers)."""
         return self._hash(contents=False)
 
+    def sources_digest(self) -> str:
+        """The sources' and headers' contents alone: what a prebuilt library
+        records, so that an editable install notices edited sources."""
+        h = hashlib.sha256()
+        for path in sorted(set(self.sources) | set(_headers(self.include_dirs))):
+            h.update(path.name.encode() + b"\0")
+            h.update(path.read_bytes())
+        return h.hexdigest()
+
     def _hash(self, *, contents: bool) -> str:
         h = hashlib.sha256()
 
@@ -114,6 +123,8 @@ class Library:
     with_cuda: bool
     built_now: bool
     build_seconds: float | None
+    # "jit" (built into the cache) or "prebuilt" (opforge._C, built by pip install).
+    route: str = "jit"
 
 
 def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
@@ -195,16 +206,17 @@ def load_module(cfg: BuildConfig, *, quiet: bool = False) -> tuple[types.ModuleT
     return module, lib
 
 
-def check_safe_to_load(path: Path, *, in_cache: bool = True) -> None:
+def check_safe_to_load(path: Path, *, in_cache: bool = True, root_ok: bool = False) -> None:
     """Refuses a library another user could have written: loading it runs its code.
 
     The library and its directory (and, for the cache's own libraries, the
     cache root) must belong to this user and be writable by no one else (the
-    cache is created 0700; a shared or loosened one fails here, with the reason)."""
+    cache is created 0700; a shared or loosened one fails here, with the reason).
+    ``root_ok``: an installed package may belong to root, as torch's own do."""
     uid = os.getuid()
     for p in (path, path.parent, cache_root()) if in_cache else (path, path.parent):
         st = p.stat()
-        if st.st_uid != uid:
+        if st.st_uid != uid and not (root_ok and st.st_uid == 0):
             fix = "Use a cache of your own: set OPFORGE_CACHE_DIR to a directory you own" if in_cache else f"Fix: chown it to uid {uid}"
             raise BuildError(f"opforge: refusing to load {path}: {p} belongs to uid {st.st_uid}, not to you (uid {uid}). {fix}")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -335,6 +347,25 @@ def _check_toolchain(cfg: BuildConfig) -> None:
         nvcc = Path(CUDA_HOME or "") / "bin" / "nvcc"
         if not CUDA_HOME or not nvcc.exists():
             raise BuildError(f"opforge: CUDA kernels were asked for but nvcc was not found (CUDA_HOME={CUDA_HOME}; set CUDA_HOME)")
+        _check_nvcc_matches_torch(nvcc)
+
+
+def _check_nvcc_matches_torch(nvcc: Path) -> None:
+    """nvcc of another CUDA major version than torch's fails deep in torch's
+    headers or at load time: say so before compiling (a minor mismatch only warns)."""
+    from opforge.doctor import compare_cuda_versions, parse_nvcc_version
+
+    try:
+        res = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"opforge: {nvcc} does not run ({exc}); set CUDA_HOME to a working CUDA toolkit") from None
+    version = parse_nvcc_version(res.stdout)
+    problem = compare_cuda_versions(version, torch.version.cuda) if version and torch.version.cuda else None
+    if problem is None:
+        return
+    if problem.severity == "error":
+        raise BuildError(f"opforge: {problem.message} ({nvcc}). Fix: {problem.fix}")
+    print(f"opforge: warning: {problem.message}", file=sys.stderr, flush=True)
 
 
 def _check_shared_libstdcxx(so: Path) -> None:

@@ -3,11 +3,18 @@ torch.ops, with the loader's errors turned into causes and fixes."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import json
+import os
 import re
+import sys
 from pathlib import Path
 
 from opforge.build.errors import BuildError
-from opforge.build.jit import check_safe_to_load
+from opforge.build.jit import Library, check_safe_to_load
+
+#: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit.
+MODES = ("auto", "prebuilt", "jit")
 
 
 def explain_load_error(path: Path, message: str) -> str:
@@ -48,4 +55,92 @@ def load_library_file(path: str | Path) -> Path:
     return p
 
 
-__all__ = ["explain_load_error", "load_library_file"]
+def prebuilt_path() -> Path:
+    """Where ``pip install`` puts the op library: ``opforge/_C<abi suffix>``."""
+    return Path(__file__).resolve().parent.parent / f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def library_mode() -> str:
+    mode = os.environ.get("OPFORGE_LIBRARY", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise BuildError(f"opforge: OPFORGE_LIBRARY={mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def choose_prebuilt() -> tuple[Path | None, str]:
+    """(the prebuilt library to load, or None; the reason, in words).
+
+    It is loaded only if it fits this process: built for this torch, CUDA and
+    Python, from the sources this installation has (an editable install whose
+    sources were edited since must rebuild), with CUDA kernels for every GPU
+    here when this machine could build them."""
+    from opforge.build import library_config, want_cuda
+
+    mode = library_mode()
+    if mode == "jit":
+        return None, "OPFORGE_LIBRARY=jit"
+    so = prebuilt_path()
+    record_path = so.with_name("_C.build.json")
+    if not so.is_file():
+        return None, "no prebuilt library (it is built by `pip install --no-build-isolation .`)"
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"the prebuilt {so.name} has no readable build record {record_path.name} ({exc})"
+    import torch
+
+    for field, here in (("torch", torch.__version__), ("cuda", torch.version.cuda), ("python", sys.implementation.cache_tag)):
+        if record.get(field) != here:
+            return None, f"the prebuilt {so.name} was built for {field} {record.get(field)}, this is {here}"
+    with_cuda = bool(record.get("with_cuda"))
+    if record.get("sources_digest") != library_config(with_cuda=with_cuda).sources_digest():
+        return None, f"the sources changed since {so.name} was built (an editable install): the JIT route builds them"
+    if not with_cuda and want_cuda() and _gpu_capabilities():
+        return None, f"the prebuilt {so.name} has no CUDA kernels, and this machine has a GPU and nvcc: the JIT route builds them"
+    if with_cuda:
+        built = tuple(record.get("cuda_archs", ()))
+        missing = sorted(c for c in _gpu_capabilities() if not _covered(c, built))
+        if missing:
+            return None, f"the prebuilt {so.name} has kernels for sm {', '.join(built)}, not for this GPU's {', '.join(missing)}"
+    what = f"CUDA kernels for sm {', '.join(record.get('cuda_archs', []))}" if with_cuda else "CPU kernels only"
+    return so, f"prebuilt {so.name} (torch {record['torch']}, {what})"
+
+
+def _gpu_capabilities() -> set[str]:
+    from opforge import nvml
+
+    found = nvml.query()
+    return {g.capability for g in found[0]} if found else set()
+
+
+def _covered(capability: str, built: tuple[str, ...]) -> bool:
+    """A GPU runs a library with its exact arch, or JIT-compiles the PTX
+    embedded for the newest non-"a" arch (arch-specific PTX, 9.0a, does not
+    carry forward)."""
+    if any(b.removesuffix("a") == capability for b in built):
+        return True
+    portable = [tuple(map(int, b.split("."))) for b in built if not b.endswith("a")]
+    return bool(portable) and tuple(map(int, capability.split("."))) >= max(portable)
+
+
+def load_op_library() -> Library:
+    """opforge's op library: the prebuilt one when it fits, else the JIT build."""
+    import torch
+
+    from opforge.build import library_config
+    from opforge.build.jit import load_library
+
+    so, reason = choose_prebuilt()
+    if so is None:
+        if library_mode() == "prebuilt":
+            raise BuildError(f"opforge: OPFORGE_LIBRARY=prebuilt, but {reason}")
+        return load_library(library_config())
+    check_safe_to_load(so, in_cache=False, root_ok=True)
+    torch.ops.load_library(str(so))
+    record = json.loads(so.with_name("_C.build.json").read_text())
+    return Library(
+        path=so, key=record["sources_digest"], with_cuda=bool(record["with_cuda"]), built_now=False, build_seconds=None, route="prebuilt"
+    )
+
+
+__all__ = ["MODES", "choose_prebuilt", "explain_load_error", "library_mode", "load_library_file", "load_op_library", "prebuilt_path"]

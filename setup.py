@@ -1,0 +1,44 @@
+"""Ahead-of-time build of opforge's op library as ``opforge._C``.
+
+    pip install --no-build-isolation .        # prebuilt library, against the installed torch
+
+Everything about the library (sources, flags, CUDA archs) comes from
+``opforge.build.library_config``, the JIT route's own definition; this file
+only hands it to setuptools. ``OPFORGE_BUILD_CUDA=0|1``, ``TORCH_CUDA_ARCH_LIST``
+and ``MAX_JOBS`` are honoured.
+
+With build isolation (plain ``pip install .``) pip builds in a fresh
+environment without torch: installing torch there would pull a multi-GB build
+that need not match the one the library will be loaded into. The wheel is
+then pure Python and ``import opforge`` builds the library on first use
+(JIT); ``OPFORGE_REQUIRE_PREBUILT=1`` makes that case an error instead.
+"""
+
+import os
+import sys
+
+from setuptools import setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "src"))
+os.environ["OPFORGE_NO_AUTOLOAD"] = "1"  # import opforge's build code, build nothing at import
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+if torch is None:
+    message = (
+        "opforge: torch is not importable in the build environment, so the wheel has no prebuilt op library; "
+        "`import opforge` will build it on first use (JIT). For a prebuilt library, install torch first and "
+        "run `pip install --no-build-isolation .`"
+    )
+    if os.environ.get("OPFORGE_REQUIRE_PREBUILT") == "1":
+        sys.exit(message.replace("so the wheel has no", "and OPFORGE_REQUIRE_PREBUILT=1 asks for a"))
+    print(message, file=sys.stderr)
+    setup()
+else:
+    from opforge.build.setuptools_ext import BuildExtension, library_extension
+
+    setup(ext_modules=[library_extension(HERE)], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})

@@ -1,0 +1,204 @@
+"""The ahead-of-time route: `pip install` builds opforge._C; the import loads it
+when it fits (torch, CUDA, Python, sources, GPU archs), else builds by JIT."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opforge.build import BuildError, library_config
+from opforge.build import prebuilt as pb
+from opforge.build.setuptools_ext import build_record
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fake_prebuilt(tmp_path, monkeypatch) -> Path:
+    """A stand-in `_C` library with a record that fits this process."""
+    so = tmp_path / "_C.cpython-test.so"
+    so.write_bytes(b"\x7fELF not really")
+    monkeypatch.setattr(pb, "prebuilt_path", lambda: so)
+    monkeypatch.setattr(pb, "_gpu_capabilities", lambda: set())
+    monkeypatch.delenv("OPFORGE_LIBRARY", raising=False)
+    _write_record(so, build_record(library_config(with_cuda=False)))
+    return so
+
+
+def _write_record(so: Path, record: dict) -> None:
+    so.with_name("_C.build.json").write_text(json.dumps(record))
+
+
+def test_fitting_prebuilt_is_chosen(fake_prebuilt):
+    so, why = pb.choose_prebuilt()
+    assert so == fake_prebuilt
+    assert "CPU kernels only" in why and torch.__version__ in why
+
+
+def test_no_prebuilt_means_jit(fake_prebuilt):
+    fake_prebuilt.unlink()
+    so, why = pb.choose_prebuilt()
+    assert so is None and "--no-build-isolation" in why
+
+
+@pytest.mark.parametrize(("field", "value"), [("torch", "1.0.0"), ("cuda", "9.9"), ("python", "cpython-27")])
+def test_prebuilt_for_another_torch_cuda_or_python_is_not_loaded(fake_prebuilt, field, value):
+    record = build_record(library_config(with_cuda=False))
+    record[field] = value
+    _write_record(fake_prebuilt, record)
+    so, why = pb.choose_prebuilt()
+    assert so is None
+    assert f"built for {field} {value}" in why
+
+
+def test_prebuilt_from_other_sources_is_not_loaded(fake_prebuilt):
+    record = build_record(library_config(with_cuda=False))
+    record["sources_digest"] = "0" * 64
+    _write_record(fake_prebuilt, record)
+    so, why = pb.choose_prebuilt()
+    assert so is None and "sources changed" in why
+
+
+def test_missing_or_garbled_record(fake_prebuilt):
+    fake_prebuilt.with_name("_C.build.json").write_text("{not json")
+    so, why = pb.choose_prebuilt()
+    assert so is None and "build record" in why
+
+
+def test_prebuilt_without_the_gpus_arch_is_not_loaded(fake_prebuilt, monkeypatch):
+    record = build_record(library_config(with_cuda=False))
+    record.update(with_cuda=True, cuda_archs=["8.0", "9.0a"])
+    monkeypatch.setattr(pb, "_gpu_capabilities", lambda: {"7.5"})
+    import opforge.build as ob
+
+    # The CUDA sources need not exist for this: the record says CPU sources.
+    monkeypatch.setattr(ob, "library_config", lambda with_cuda=None: library_config(with_cuda=False))
+    _write_record(fake_prebuilt, record)
+    so, why = pb.choose_prebuilt()
+    assert so is None and "7.5" in why and "8.0, 9.0a" in why
+
+
+@pytest.mark.parametrize(
+    ("capability", "built", "covered"),
+    [
+        ("9.0", ("8.0", "9.0"), True),
+        ("9.0", ("8.0", "9.0a"), True),  # sm_90a cubin runs on sm_90
+        ("8.6", ("8.0", "9.0"), False),  # no 8.6 cubin; compute_90 PTX cannot run on 8.6
+        ("10.0", ("8.0", "9.0"), True),  # compute_90 PTX JIT-compiles for newer GPUs
+        ("10.0", ("9.0a",), False),  # arch-specific PTX does not carry forward
+    ],
+)
+def test_arch_coverage(capability, built, covered):
+    assert pb._covered(capability, built) is covered
+
+
+def test_library_mode_env(fake_prebuilt, monkeypatch):
+    monkeypatch.setenv("OPFORGE_LIBRARY", "jit")
+    assert pb.choose_prebuilt() == (None, "OPFORGE_LIBRARY=jit")
+    monkeypatch.setenv("OPFORGE_LIBRARY", "wheel")
+    with pytest.raises(BuildError, match=r"OPFORGE_LIBRARY='wheel' is not one of auto, prebuilt, jit"):
+        pb.choose_prebuilt()
+
+
+def test_prebuilt_required_but_unusable_is_an_error(fake_prebuilt, monkeypatch):
+    fake_prebuilt.unlink()
+    monkeypatch.setenv("OPFORGE_LIBRARY", "prebuilt")
+    with pytest.raises(BuildError, match=r"OPFORGE_LIBRARY=prebuilt, but no prebuilt library"):
+        pb.load_op_library()
+
+
+def test_doctor_names_the_route(fake_prebuilt):
+    from opforge import doctor
+
+    report = doctor.collect()
+    assert report.library.route == "prebuilt"
+    assert report.library.entry_path == str(fake_prebuilt)
+    fake_prebuilt.unlink()
+    report = doctor.collect()
+    assert report.library.route == "JIT" and "no prebuilt library" in report.library.prebuilt
+
+
+def test_setup_extension_comes_from_the_library_config():
+    from opforge.build.setuptools_ext import library_extension
+
+    ext = library_extension(REPO)
+    cfg = library_config()
+    assert ext.name == "opforge._C"
+    assert sorted(ext.sources) == sorted(os.path.relpath(s, REPO) for s in cfg.sources)
+    assert all(not os.path.isabs(s) for s in ext.sources)
+    assert ext.extra_compile_args["cxx"] == list(cfg.cflags)
+
+
+def _copy_project(dest: Path) -> Path:
+    """The project's committed layout, without build outputs or the venv."""
+    junk = shutil.ignore_patterns(".venv", ".git", "*.egg-info", "__pycache__", ".*cache", "*.so", "_C.build.json")
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        top = {"build", "dist"} & set(names) if Path(directory) == REPO else set()
+        return set(junk(directory, names)) | top
+
+    shutil.copytree(REPO, dest, ignore=ignore)
+    return dest
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_passes_the_cpu_tests_in_a_fresh_venv(tmp_path):
+    """pip wheel (torch from this environment) -> a fresh venv with the same
+    torch from the registry -> the CPU op tests against the installed wheel,
+    with OPFORGE_LIBRARY=prebuilt so that a JIT fallback cannot hide a broken wheel."""
+    project = _copy_project(tmp_path / "project")
+    wheels = tmp_path / "wheels"
+    env = {**os.environ, "MAX_JOBS": str(os.cpu_count() or 2), "OPFORGE_BUILD_CUDA": "0"}
+    env.pop("PYTHONPATH", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", str(wheels), str(project)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (wheel,) = wheels.glob("opforge-*.whl")
+    assert "opforge: building opforge._C (" in res.stderr + res.stdout
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = str(venv / "bin" / "python")
+    torch_version = torch.__version__.split("+")[0]
+    res = subprocess.run(
+        [py, "-m", "pip", "install", "-q", f"torch=={torch_version}", str(wheel), "pytest", "numpy"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    if res.returncode != 0 and "No matching distribution" in res.stderr:
+        pytest.skip(f"torch=={torch_version} cannot be installed here (no package registry): {res.stderr[-300:]}")
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    run_env = {**env, "OPFORGE_LIBRARY": "prebuilt", "OPFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run(
+        [py, "-c", "import opforge; print(opforge.__file__); print(opforge.library.route, opforge.library.path)"],
+        capture_output=True,
+        text=True,
+        env=run_env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    where, route = res.stdout.splitlines()[:2]
+    assert where.startswith(str(venv)) and route.startswith(f"prebuilt {venv}")
+
+    tests = [str(project / "tests" / t) for t in ("test_ops.py", "test_layout.py")]
+    res = subprocess.run(
+        [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], capture_output=True, text=True, env=run_env, cwd=tmp_path, timeout=900
+    )
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert " passed" in res.stdout.splitlines()[-1]
