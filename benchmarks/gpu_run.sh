@@ -2,6 +2,7 @@
 # The GPU machine's work (device tool), in two calls that each fit its 10-minute limit:
 #   bash benchmarks/gpu_run.sh verify   # build with CUDA, all tests, doctor, profile add (+ --sanitize)
 #   bash benchmarks/gpu_run.sh bench    # check --seeds 2, bench --sweep (JSON, CSV, PNG), bench --graph
+#   bash benchmarks/gpu_run.sh kernels  # tune the elementwise kernels, their CUDA tests, bench vs eager
 #   bash benchmarks/gpu_run.sh routes   # build speed; a CUDA wheel in a venv (prebuilt library) with the
 #                                       # op tests; the inline, pybind and folder routes' tests
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
@@ -44,6 +45,19 @@ bench)
     --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" | grep -E "2\^2[48] |2\^1[26] |wrote|no .* timing" | head -80
   opforge bench --device cuda --seed 1 --graph --dtype float32 --budget 0.1 --no-compile --json "$OUT/bench-graph.json" \
     2>&1 | tee "$OUT/bench-graph.log" | grep -E "2\^(16|20) "
+  ;;
+kernels)
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && /tmp/elementwise_tune 2>&1 | tee "$OUT/elementwise-tune.txt"
+  python3 -m pytest tests/test_ops.py tests/test_layout.py tests/test_fast.py -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-kernels.log" | tail -3
+  python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" 2>&1 | tee "$OUT/host-overhead.log"
+  opforge bench add square sigmoid axpby --device cuda --seed 1 --budget ${BUDGET:-0.15} --no-compile --json "$OUT/bench-kernels.json" \
+    2>&1 | tee "$OUT/bench-kernels.log" | grep -E "2\^(16|26) |no .* timing"
+  opforge bench add --device cuda --seed 1 --graph --sweep --dtype float32 --budget 0.1 --no-compile --json "$OUT/bench-graph.json" \
+    2>&1 | tee "$OUT/bench-graph.log" | grep -E "2\^1[2-6] "
+  for op in add square sigmoid axpby; do
+    opforge profile $op --sanitize 2>&1 | tail -6 > "$OUT/sanitize-$op.txt"; echo "sanitize $op: $(grep -ci 'error' "$OUT/sanitize-$op.txt") lines with 'error'"
+  done
   ;;
 routes)
   [ -n "${SKIP_SPEED:-}" ] || python3 benchmarks/build_speed.py --json "$OUT/build-speed.json" 2>&1 | tee "$OUT/build-speed.log"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from opforge.build import Library
+from opforge.build import fast as _fast
 from opforge.build.prebuilt import load_library_file as load_library
 from opforge.build.prebuilt import load_op_library
 from opforge.spec import all_specs, register_module
@@ -33,6 +34,7 @@ def load() -> Library:
     global library
     if library is None:
         lib = load_op_library()
+        _fast.attach(lib.path)
         for spec in register_module("opforge.ops"):
             globals()[spec.name] = spec.function
         library = lib

@@ -133,10 +133,29 @@ class OpSpec:
 
 
 def _public_function(spec: OpSpec) -> Callable[..., Any]:
-    op = spec.overload
+    """``opforge.<name>``: the eager fast path when it applies (opforge.build.fast),
+    else the dispatcher (torch.ops), which also serves torch.compile and export."""
+    from opforge.build.fast import fast_op
 
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        return op(*args, **kwargs)
+    op = spec.overload
+    fast = fast_op(spec.qualname)
+    if fast is None:
+
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            return op(*args, **kwargs)
+
+    else:
+        # Dynamo reads is_compiling() as True while tracing: graphs get the dispatcher op.
+        is_compiling = torch.compiler.is_compiling
+
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            if not kwargs and not is_compiling():
+                out = fast(*args)
+                if out is not NotImplemented:
+                    return out
+            return op(*args, **kwargs)
+
+    fn._opforge_fast = fast  # type: ignore[attr-defined]
 
     fn.__name__ = fn.__qualname__ = spec.name
     fn.__module__ = spec.namespace

@@ -13,17 +13,15 @@ struct AxpbyOp {
 
 // Reads grad once and writes both gradients: 3 tensors of traffic instead of
 // the 4 that two separate scalings would move.
-template <typename T>
-__global__ void axpby_backward_kernel(T* __restrict__ grad_x, T* __restrict__ grad_y,
-                                      const T* __restrict__ grad, cuda::opmath_t<T> alpha,
-                                      cuda::opmath_t<T> beta, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const auto g = cuda::to_opmath(grad[i]);
-    grad_x[i] = cuda::from_opmath<T>(alpha * g);
-    grad_y[i] = cuda::from_opmath<T>(beta * g);
+template <typename U>
+struct AxpbyBackwardOp {
+  U alpha;
+  U beta;
+  __device__ void operator()(const U* grad, U* out) const {
+    out[0] = alpha * grad[0];
+    out[1] = beta * grad[0];
   }
-}
+};
 
 }  // namespace
 
@@ -40,11 +38,10 @@ const char* axpby_backward_cuda(DType dtype, void* grad_x, void* grad_y, const v
                                 double alpha, double beta, int64_t n, void* stream) {
   OPFORGE_CUDA_DISPATCH(dtype, T, {
     using U = cuda::opmath_t<T>;
-    axpby_backward_kernel<T><<<cuda::grid_for(n), cuda::kThreads, 0,
-                               static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(grad_x), static_cast<T*>(grad_y), static_cast<const T*>(grad),
-        static_cast<U>(alpha), static_cast<U>(beta), n);
-    return cuda::last_error();
+    cuda::Pointers<T, 1, 2> p{{static_cast<const T*>(grad)},
+                              {static_cast<T*>(grad_x), static_cast<T*>(grad_y)}};
+    return cuda::launch_elementwise(p, n, stream,
+                                    AxpbyBackwardOp<U>{static_cast<U>(alpha), static_cast<U>(beta)});
   })
 }
 

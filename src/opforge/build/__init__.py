@@ -159,6 +159,8 @@ def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
     cflags = ["-O3", "-fopenmp", *os.environ.get("OPFORGE_CXXFLAGS", "").split()]
     cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA"]
     archs: tuple[str, ...] = ()
+    # The eager fast path's Python module init (opforge.build.fast).
+    sources.append(root / "opforge" / "fast_python.cpp")
     if cuda:
         sources.append(root / "opforge" / "cuda_stream.cpp")
         cflags.append("-DOPFORGE_WITH_CUDA")

@@ -1,0 +1,126 @@
+"""The eager fast path of the public functions (csrc/opforge/fast_python.cpp):
+the same answers and errors as torch.ops, and the full path wherever the fast
+one may not go (gradients, keywords, subclasses, modes, torch.compile)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+from opforge.check import generator
+from opforge.spec import all_specs
+
+from .conftest import DEVICES
+
+SPECS = {s.name: s for s in all_specs()}
+SRC = str(Path(opforge.__file__).resolve().parent.parent)
+
+
+def test_which_ops_take_the_fast_path():
+    fast = {name for name, s in SPECS.items() if s.function._opforge_fast is not None}
+    assert {"add", "square", "axpby", "sigmoid"} <= fast
+    # add_out writes its argument: its version counter is bumped above autograd, so it keeps the full path.
+    assert "add_out" not in fast
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("op", sorted(n for n, s in SPECS.items() if not s.mutated_args))
+def test_fast_path_matches_the_dispatcher(op, dtype, device, seed):
+    spec = SPECS[op]
+    dev = torch.device(device)
+    for sample in spec.samples(dev, dtype, generator(dev, seed)):
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in sample.args)
+        want = spec.overload(*args, **sample.kwargs)
+        got = spec.function(*args, **sample.kwargs)
+        torch.testing.assert_close(got, want, atol=0, rtol=0, equal_nan=True, msg=lambda m, s=sample: f"[{s.desc}] {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_take_the_full_path(device):
+    x = torch.randn(33, device=device, requires_grad=True)
+    y = torch.randn(33, device=device)
+    out = opforge.axpby(x, y, 2.0, 3.0)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    with torch.no_grad():
+        assert opforge.axpby(x, y, 2.0, 3.0).grad_fn is None  # no gradient needed: fast path, none recorded
+    s = opforge.sigmoid(x)
+    s.backward(torch.ones_like(s))
+    torch.testing.assert_close(x.grad, 2.0 + torch.sigmoid(x) * (1 - torch.sigmoid(x)))
+
+
+def test_keywords_defaults_and_int_scalars():
+    x, y = torch.randn(17), torch.randn(17)
+    # The schema's defaults (alpha=3, beta=-1: seed 004's 3x - y), filled in by the fast path.
+    torch.testing.assert_close(opforge.axpby(x, y, alpha=2.0), opforge.axpby(x, y, 2.0, -1.0))
+    torch.testing.assert_close(opforge.axpby(x, y), 3 * x - y)
+    torch.testing.assert_close(opforge.axpby(x, y, 2.0), 2 * x - y)
+    torch.testing.assert_close(opforge.axpby(x, y, 2, 3), 2 * x + 3 * y)
+
+
+class _Tagged(torch.Tensor):
+    pass
+
+
+def test_subclasses_and_modes_take_the_full_path():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
+
+    x, y = torch.randn(9), torch.randn(9)
+    out = opforge.add(x.as_subclass(_Tagged), y)
+    assert type(out) is _Tagged  # __torch_function__ rewraps: the dispatcher path ran
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), x + y)
+
+    seen = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        opforge.add(x, y)
+    assert seen, "a __torch_function__ mode must see the call"
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        fy = mode.from_tensor(y)
+        f = opforge.add(fx, fy)
+        assert f.shape == x.shape and type(f).__name__ == "FakeTensor"
+
+
+def test_bad_inputs_raise_the_same_errors_on_both_paths():
+    cases = [
+        ((torch.randn(3), torch.randn(4)), RuntimeError),
+        ((torch.randn(3, dtype=torch.float64), torch.randn(3)), TypeError),
+        ((torch.randint(0, 5, (3,)), torch.randint(0, 5, (3,))), TypeError),
+    ]
+    for args, error in cases:
+        with pytest.raises(error) as fast_exc:
+            opforge.add(*args)
+        with pytest.raises(error) as full_exc:
+            torch.ops.opforge.add(*args)
+        assert str(fast_exc.value).splitlines()[0] == str(full_exc.value).splitlines()[0]
+        assert "opforge::add" in str(fast_exc.value)
+    with pytest.raises(RuntimeError, match="Expected a value of type 'Tensor' for argument 'b'"):
+        opforge.add(torch.randn(3), "a string")  # not a tensor: the full path's argument error
+
+
+def test_compile_fullgraph_uses_the_dispatcher():
+    x, y = torch.randn(21), torch.randn(21)
+    f = torch.compile(lambda a, b: opforge.add(opforge.square(a), b), fullgraph=True, backend="eager")
+    torch.testing.assert_close(f(x, y), x * x + y)
+
+
+def test_opforge_fast_0_turns_it_off(tmp_path):
+    code = "import opforge; print(opforge.add._opforge_fast)"
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_FAST": "0"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip() == "None", res.stderr
