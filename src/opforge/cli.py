@@ -33,24 +33,62 @@ def _library():  # noqa: ANN202
         raise SystemExit(1) from None
 
 
-def _device(name: str):  # noqa: ANN202 - torch imported lazily
+def _device(name: str, projects_cuda: dict[str, bool] | None = None, *, own_library: bool = True):  # noqa: ANN202 - torch imported lazily
+    """``projects_cuda``: whether each package directory's library has CUDA kernels (auto picks the CPU if one has not);
+    ``own_library``: opforge's op library is in play (not when every operator asked for is a package's)."""
     import torch
 
-    _library()
+    if own_library:
+        _library()
+    without = sorted(d for d, cuda in (projects_cuda or {}).items() if not cuda)
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() and not without else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("opforge: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
-        if not _library().with_cuda:
+        if own_library and not _library().with_cuda:
             raise SystemExit("opforge: --device cuda but the op library was built without CUDA kernels (no nvcc, or OPFORGE_BUILD_CUDA=0)")
+        if without:
+            what = ", ".join(without)
+            raise SystemExit(f"opforge: --device cuda but {what} has no CUDA kernels (--no-cuda, no nvcc, or OPFORGE_BUILD_CUDA=0)")
     return torch.device(name)
 
 
-def _specs(names: Sequence[str]):  # noqa: ANN202
+def _projects(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
+    """``names`` with each package directory (``opforge new``'s, a ``[tool.opforge]``
+    table in its pyproject.toml) loaded and replaced by its operators' qualified names;
+    per directory, whether its library has CUDA kernels; and whether opforge's own
+    op library is needed (no names, or a name that is not a package's)."""
+    from opforge.build import BuildError
+    from opforge.project import ProjectError, find_project, load_project, not_a_project, project_library
+
+    expanded: list[str] = []
+    cuda: dict[str, bool] = {}
+    for n in names:
+        path = Path(n)
+        try:
+            project = find_project(path) if path.is_dir() else None
+            if project is None:
+                if os.sep in n or n in (".", ".."):  # a path, not an operator's name
+                    raise ProjectError(not_a_project(n) if path.is_dir() else f"{n}: no such directory")
+                expanded.append(n)
+                continue
+            expanded += [s.qualname for s in load_project(path)]
+        except ProjectError as exc:
+            raise SystemExit(f"opforge: {exc}") from None
+        except BuildError as exc:
+            err.print(str(exc), highlight=False, markup=False)
+            raise SystemExit(1) from None
+        lib = project_library(path)
+        cuda[n] = bool(lib and lib.with_cuda)
+    return expanded, cuda, not names or len(cuda) < len(names)
+
+
+def _specs(names: Sequence[str], *, own_library: bool = True):  # noqa: ANN202
     from opforge.spec import get_specs
 
-    _library()
+    if own_library:
+        _library()
     try:
         return get_specs(names)
     except KeyError as exc:
@@ -64,7 +102,27 @@ def _seed(seed: int | None) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     if args.path is None:
         return print_library()
+    from opforge.project import ProjectError, find_project
+
+    try:
+        project = find_project(args.path) if args.path.is_dir() else None
+    except ProjectError as exc:
+        raise SystemExit(f"opforge build: {exc}") from None
+    if project is not None:  # a package of opforge new's: its import builds (JIT) and loads it
+        return build_project(args.path) if args.route == "jit" else build_folder(project.sources, args.route)
     return build_folder(args.path, args.route)
+
+
+def build_project(path: Path) -> int:
+    from opforge.project import project_library
+
+    names, _, _ = _projects([str(path)])
+    lib = project_library(path)
+    if lib is not None:
+        how = "prebuilt" if lib.route == "prebuilt" else f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+        out.print(f"{path}: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+    out.print(f"{path}: operators {', '.join(names)} loaded into torch.ops, specs registered")
+    return 0
 
 
 def print_library() -> int:
@@ -180,9 +238,10 @@ def run_check(
 ) -> bool:
     from opforge.check import check_op
 
-    device = _device(device_name)
+    names, projects_cuda, own_library = _projects(names)
+    device = _device(device_name, projects_cuda, own_library=own_library)
     seed = _seed(seed)
-    specs = _specs(names)
+    specs = _specs(names, own_library=own_library)
     err.print(f"opforge check on {device}, seed {seed}{f' (+{seeds - 1} more)' if seeds > 1 else ''} (rerun with --seed {seed})")
     table = Table(title=f"opforge check ({device}, seed {seed}{f', {seeds} seeds' if seeds > 1 else ''})")
     table.add_column("operator")
@@ -310,9 +369,10 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
 
     from opforge import bench, ceilings
 
-    device = _device(device_name)
+    names, projects_cuda, own_library = _projects(names)
+    device = _device(device_name, projects_cuda, own_library=own_library)
     seed = _seed(seed)
-    specs = _specs(names)
+    specs = _specs(names, own_library=own_library)
     torch_dtypes = [getattr(torch, d) for d in opts.dtypes]
     name = bench._device_name(device)
     with err.status(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})"):
@@ -427,6 +487,24 @@ def cmd_cache_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from opforge.project import ProjectError, scaffold
+
+    try:
+        root = scaffold(args.name, args.dir, args.namespace, cuda=not args.no_cuda, backward=args.backward)
+    except ProjectError as exc:
+        raise SystemExit(f"opforge new: {exc}") from None
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    out.print(f"wrote {root}/: {', '.join(files)}", highlight=False)
+    op = f"torch.ops.{args.namespace or args.name}.{args.name}"
+    out.print(f"the operator: {op}, softsign for a start; {root}/README.md says how to make it yours", highlight=False)
+    out.print("next:", highlight=False)
+    for cmd in (f"opforge build {root}", f"opforge check {root}", f"opforge bench {root}", f"python -m pytest {root}/tests",
+                f"pip install --no-build-isolation {root}"):  # fmt: skip
+        out.print(f"  {cmd}", highlight=False)
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """The main job: build, check, benchmark, print the tables."""
     print_library()
@@ -442,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("ops", nargs="*", help="operators (default: all)")
+        sp.add_argument("ops", nargs="*", help="operators, or package directories of opforge new's (their operators); default: all")
         sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if a GPU is visible, else cpu")
         sp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, printed)")
 
@@ -453,6 +531,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(build_ext, as pip install); pybind: a PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; "
                          "cmake: its CMakeLists.txt")  # fmt: skip
     sp.set_defaults(fn=cmd_build)
+    sp = sub.add_parser("new", help="scaffold an operator package: C++/CUDA kernels, schema, spec, tests, pyproject.toml")
+    sp.add_argument("name", help="the operator's name, also the Python package's (an identifier such as my_op)")
+    sp.add_argument("--dir", type=Path, default=None, help="where to write it (default: ./NAME); must not exist or be empty")
+    sp.add_argument("--namespace", default=None, help="its torch.ops namespace (default: NAME)")
+    sp.add_argument("--no-cuda", action="store_true", help="a CPU kernel only, no CUDA kernel")
+    sp.add_argument("--backward", action="store_true", help="with an autograd formula (backward), checked by gradcheck")
+    sp.set_defaults(fn=cmd_new)
     sp = sub.add_parser("list", help="list the operators and their schemas")
     sp.set_defaults(fn=cmd_list)
     sp = sub.add_parser("check", help="verify operators: reference, opcheck, gradcheck, torch.compile, bad inputs")

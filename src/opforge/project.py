@@ -1,0 +1,262 @@
+"""``opforge new``: a user's operator package, scaffolded from templates, and
+loaded back so that ``opforge build|check|bench DIR`` work on it.
+
+A scaffolded package is a directory whose ``pyproject.toml`` has a
+``[tool.opforge]`` table (the marker)::
+
+    [tool.opforge]
+    sources = "csrc/my_op"      # one TORCH_LIBRARY library, built by opforge.build.folder_config
+    package = "my_op"           # importing it loads that library and registers the specs in my_op.ops
+    package-dir = "src"         # where the package is, relative to the directory
+    namespace = "my_op"         # the torch.ops namespace of its operators
+
+The templates are files under ``opforge/templates/new``, rendered with jinja2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import keyword
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from opforge.build import Library
+from opforge.spec import OpSpec, all_specs
+
+TEMPLATES = Path(__file__).resolve().parent / "templates" / "new"
+
+# (template under TEMPLATES, output path with {name} for the operator's name, CUDA kernel only)
+_FILES: tuple[tuple[str, str, bool], ...] = (
+    ("pyproject.toml.j2", "pyproject.toml", False),
+    ("setup.py.j2", "setup.py", False),
+    ("README.md.j2", "README.md", False),
+    ("gitignore.j2", ".gitignore", False),
+    ("csrc/op.cpp.j2", "csrc/{name}/{name}.cpp", False),
+    ("csrc/op_kernel.h.j2", "csrc/{name}/{name}_kernel.h", True),
+    ("csrc/op_kernel.cu.j2", "csrc/{name}/{name}_kernel.cu", True),
+    ("package/__init__.py.j2", "src/{name}/__init__.py", False),
+    ("package/ops/__init__.py.j2", "src/{name}/ops/__init__.py", False),
+    ("package/ops/op.py.j2", "src/{name}/ops/{name}.py", False),
+    ("tests/test_op.py.j2", "tests/test_{name}.py", False),
+)
+
+# Names the generated C++ and Python would clash with: torch.ops namespaces that
+# exist without being loaded yet, and the C++ namespaces of torch and CUDA.
+_RESERVED = frozenset({"opforge", "aten", "prim", "prims", "torch", "at", "c10", "caffe2", "std", "cuda", "cub", "thrust", "higher_order"})
+
+_CPP_KEYWORDS = frozenset(
+    (  # noqa: SIM905 - a list as words reads better than 97 strings
+        "alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class compl "
+        "concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype default delete "
+        "do double dynamic_cast else enum explicit export extern false float for friend goto if inline int long mutable "
+        "namespace new noexcept not not_eq nullptr operator or or_eq private protected public register reinterpret_cast "
+        "requires return short signed sizeof static static_assert static_cast struct switch template this thread_local "
+        "throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq"
+    ).split()
+)
+
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+class ProjectError(ValueError):
+    """A bad name or directory for ``opforge new``, or a directory that is not a scaffolded package."""
+
+
+@dataclass(frozen=True)
+class Project:
+    """A scaffolded package, as its ``[tool.opforge]`` table describes it."""
+
+    root: Path
+    package: str
+    namespace: str
+    sources: Path
+    package_dir: Path
+
+
+# --- opforge new ---
+
+
+def torch_namespaces() -> set[str]:
+    """The torch.ops namespaces this process knows: every operator's, and torch.ops' own attributes."""
+    import torch
+
+    names = {n.split("::", 1)[0] for n in torch._C._dispatch_get_all_op_names()}
+    # dir() of the torch.ops module lists its loaded namespaces; its type's, its methods (load_library, ...).
+    return names | {n for n in (*dir(torch.ops), *dir(type(torch.ops))) if not n.startswith("__")}
+
+
+def check_identifier(value: str, what: str) -> None:
+    """Raises ProjectError unless ``value`` can name a C++ function, a Python package and a torch.ops namespace."""
+    if not _IDENTIFIER.fullmatch(value):
+        raise ProjectError(
+            f"{what} {value!r} is not a valid identifier: it must start with a letter and contain only letters, digits and "
+            "underscores (like my_op), as a C++ function, a Python package and a torch.ops namespace need"
+        )
+    if "__" in value:
+        raise ProjectError(f"{what} {value!r} contains a double underscore, which C++ reserves for the implementation")
+    if keyword.iskeyword(value):
+        raise ProjectError(f"{what} {value!r} is a Python keyword; pick another name")
+    if value in _CPP_KEYWORDS:
+        raise ProjectError(f"{what} {value!r} is a C++ keyword; pick another name")
+
+
+def _check_namespace_free(value: str, what: str) -> None:
+    if value in _RESERVED or value in torch_namespaces():
+        raise ProjectError(
+            f"{what} {value!r} collides with an existing torch.ops namespace or attribute (torch.ops.{value}) "
+            f"or a C++ namespace of torch; pick another {what.lower()}"
+        )
+
+
+def _check_directory(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise ProjectError(f"{directory} exists and is not a directory")
+    if directory.is_dir() and any(directory.iterdir()):
+        raise ProjectError(f"{directory} is not empty; give a new or empty directory (--dir)")
+
+
+def scaffold(
+    name: str, directory: str | Path | None = None, namespace: str | None = None, cuda: bool = True, backward: bool = False
+) -> Path:
+    """Writes an operator package for ``name`` into ``directory`` (default ``./name``)
+    and returns it. The operator is ``torch.ops.<namespace>.<name>`` (namespace
+    default: ``name``); the Python package is ``name``."""
+    import jinja2
+
+    from opforge import __version__
+
+    namespace = name if namespace is None else namespace
+    check_identifier(name, "NAME")
+    if namespace != name:
+        check_identifier(namespace, "namespace")
+    _check_namespace_free(name, "NAME")
+    if namespace != name:
+        _check_namespace_free(namespace, "namespace")
+    found = importlib.util.find_spec(name) if name not in sys.modules else sys.modules[name].__spec__
+    if found is not None and found.origin is not None:  # a namespace package (an empty directory on sys.path) is no clash
+        raise ProjectError(
+            f"NAME {name!r} is already an importable Python module ({found.origin}); pick a name the package cannot clash with"
+        )
+    root = Path(directory if directory is not None else name)
+    _check_directory(root)
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    context = {"name": name, "namespace": namespace, "cuda": cuda, "backward": backward, "opforge_version": __version__}
+    # Render everything before writing anything: a template error leaves no half-written package.
+    files = [(template, out.format(name=name)) for template, out, cuda_only in _FILES if cuda or not cuda_only]
+    rendered = {out: env.get_template(template).render(context) for template, out in files}
+    for rel, text in rendered.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+# --- reading a scaffolded package back ---
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ProjectError(f"reading {path} needs Python 3.11 or the tomli package (pip install tomli)") from None
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProjectError(f"{path}: not valid TOML: {exc}") from None
+
+
+def find_project(path: str | Path) -> Project | None:
+    """The package at ``path`` when its pyproject.toml has the ``[tool.opforge]`` marker, else None."""
+    root = Path(path).resolve()
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    table = _read_toml(pyproject).get("tool", {}).get("opforge")
+    if table is None:
+        return None
+    missing = [k for k in ("sources", "package", "namespace") if not isinstance(table.get(k), str)]
+    if missing:
+        raise ProjectError(f"{pyproject}: [tool.opforge] lacks {', '.join(missing)} (strings)")
+    project = Project(
+        root=root,
+        package=table["package"],
+        namespace=table["namespace"],
+        sources=root / table["sources"],
+        package_dir=root / str(table.get("package-dir", ".")),
+    )
+    if not project.sources.is_dir():
+        raise ProjectError(f"{pyproject}: [tool.opforge] sources = {table['sources']!r}, but {project.sources} is not a directory")
+    if not (project.package_dir / project.package / "__init__.py").is_file():
+        where = project.package_dir / project.package
+        raise ProjectError(f"{pyproject}: [tool.opforge] package = {project.package!r}, but {where} has no __init__.py")
+    return project
+
+
+def _import(project: Project):  # noqa: ANN202 - a module
+    """Imports the project's package from its directory (not an installed copy):
+    its ``__init__`` builds and loads the op library and registers the specs."""
+    here = (project.package_dir / project.package).resolve()
+    module = sys.modules.get(project.package)
+    if module is not None:
+        where = Path(module.__file__ or "").resolve().parent
+        if where != here:
+            raise ProjectError(f"{project.package} is already imported from {where}, not from {here}; load {project.root} in a new process")
+        return module
+    sys.path.insert(0, str(project.package_dir.resolve()))
+    return importlib.import_module(project.package)
+
+
+def not_a_project(path: str | Path) -> str:
+    return f"{path} is not an opforge package: no [tool.opforge] table in {Path(path) / 'pyproject.toml'} (opforge new makes one)"
+
+
+def load_project(path: str | Path) -> list[OpSpec]:
+    """Builds (JIT, or the prebuilt library ``pip install`` left in the package when
+    it fits), loads a scaffolded package's operators and registers their specs;
+    returns them. Build failures raise ``opforge.build.BuildError``."""
+    project = find_project(path)
+    if project is None:
+        raise ProjectError(not_a_project(path))
+    _import(project)
+    specs = [s for s in all_specs() if s.namespace == project.namespace]
+    if not specs:
+        raise ProjectError(
+            f"{project.root}: importing {project.package} registered no operator spec in namespace {project.namespace!r} "
+            f"(each module of {project.package}.ops lists its OpSpecs in SPECS)"
+        )
+    return specs
+
+
+def project_library(path: str | Path) -> Library | None:
+    """The op library of a loaded project (its package's ``library``), or None."""
+    project = find_project(path)
+    module = sys.modules.get(project.package) if project else None
+    lib = getattr(module, "library", None)
+    return lib if isinstance(lib, Library) else None
+
+
+__all__ = [
+    "TEMPLATES",
+    "Project",
+    "ProjectError",
+    "check_identifier",
+    "find_project",
+    "load_project",
+    "not_a_project",
+    "project_library",
+    "scaffold",
+    "torch_namespaces",
+]

@@ -1,0 +1,136 @@
+"""The runnable examples under examples/ (issue 5): each entry point runs in a
+subprocess on the CPU (and, marked ``cuda``, on the GPU), exits 0 and prints
+what it shows.
+
+Each example builds C++ (about 20 s apiece on two cores): the CPU runs start
+together, and one cache directory serves the whole module."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("opforge-cache")
+
+
+def start_example(name: str, cache_dir: Path, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env["OPFORGE_CACHE_DIR"] = str(cache_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / name / "run.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def finish(proc: subprocess.Popen[str], what: str, timeout: float) -> str:
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{what} ran over {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
+    assert proc.returncode == 0, f"{what} exited {proc.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    return stdout
+
+
+def run_example(name: str, cache_dir: Path, *args: str, timeout: float = 300) -> str:
+    return finish(start_example(name, cache_dir, *args), f"{name} {' '.join(args)}", timeout)
+
+
+def test_every_example_has_a_readme_naming_its_seed() -> None:
+    for name, seed in (("add2", "003"), ("load_inline", "002"), ("my_op_autograd", "004")):
+        first = (EXAMPLES / name / "README.md").read_text().splitlines()[0]
+        assert f"seed {seed}" in first, first
+        assert (EXAMPLES / name / "run.py").is_file()
+
+
+def check_add2(out: str, device: str) -> None:
+    assert f"device: {device}" in out
+    for n in (0, 1, 1000, 1000003):
+        assert f"torch_launch_add2(c, a, b, n) == a + b for n = {n}: ok" in out
+    assert "a float64 input is refused: torch_launch_add2: a must be float32" in out
+    assert "time.time(), no synchronize" in out
+    assert "time.time() + synchronize (seed 003's show_time)" in out
+    assert "opforge.bench.Timer (median ± IQR)" in out
+    assert ("asynchronous" if device == "cuda" else "calls are synchronous") in out
+    assert out.rstrip().endswith("add2: all checks passed")
+
+
+def check_load_inline(out: str, device: str) -> None:
+    assert f"device: {device}" in out
+    assert "hello() -> 'Hello World!'" in out
+    assert "[16., 25., 36.]" in out
+    assert ("from the CUDA string" if device == "cuda" else "the C++ string carries a CPU implementation") in out
+    for desc in ("37 x 53", "53 x 37, transposed view", "0 x 5"):
+        assert f"square_matrix == m * m for {desc}: ok" in out
+    assert "a 1-D tensor is refused" in out
+    assert out.rstrip().endswith("load_inline: all checks passed")
+
+
+def check_my_op(out: str, device: str) -> None:
+    assert f"device: {device}" in out
+    assert "check: MyOp()(x, y) == 3 * x - y: ok" in out
+    assert "check: x.grad == 3 * grad: ok" in out
+    assert "check: opcheck(my_op) with requires_grad" in out
+    assert "check: torch.compile(fullgraph=True) backward == eager" in out
+    assert "check: Sigmoid backward == torch.sigmoid's" in out
+    assert "check: gradcheck(Sigmoid) passes in float64 with eps = 1e-6: ok" in out
+    assert "check: gradcheck(Sigmoid) fails in float32 with eps = 1e-6 (the trap): ok" in out
+    assert "FAILED" not in out
+    assert out.rstrip().endswith("my_op_autograd: all checks passed")
+
+
+CHECKS = {"add2": check_add2, "load_inline": check_load_inline, "my_op_autograd": check_my_op}
+# A short timing budget: the test checks that the example runs, not the numbers.
+ARGS = {"add2": ("--budget", "0.2")}
+
+
+def cpu_args(name: str) -> tuple[str, ...]:
+    return ("--device", "cpu", *ARGS.get(name, ()))
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(request, cache_dir: Path) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """The CPU runs of the selected examples, started together: most of each
+    run is one compiler process, so on a machine of several cores they overlap."""
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_example_cpu" and Path(item.path) == Path(__file__)
+    }
+    runs = {name: start_example(name, cache_dir, *cpu_args(name)) for name in CHECKS if name in selected}
+    yield runs
+    for proc in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_example_cpu(name: str, cpu_runs) -> None:
+    out = finish(cpu_runs[name], f"{name} {' '.join(cpu_args(name))}", timeout=300)
+    CHECKS[name](out, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_example_cuda(name: str, cache_dir: Path) -> None:
+    out = run_example(name, cache_dir, "--device", "cuda", *ARGS.get(name, ()), timeout=600)
+    CHECKS[name](out, "cuda")

@@ -1,0 +1,200 @@
+"""``opforge new``: scaffold a package, then, with no edit, build it, check it,
+benchmark it, run its own tests and build its wheel; a bug planted in its kernel
+makes ``opforge check`` fail and say where. Bad names are refused, clearly."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import opforge
+from opforge.build import csrc_dir
+from opforge.project import ProjectError, find_project, scaffold
+
+SRC = str(Path(opforge.__file__).resolve().parent.parent)
+NAME = "opf_softsign"  # the package, the operator and (by default) its namespace
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    # A build cache of the module's own; the opforge command's environment (its
+    # console script sets OPFORGE_NO_AUTOLOAD: commands load what they need).
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache), "OPFORGE_NO_AUTOLOAD": "1"}
+
+
+def run(env: dict[str, str], *args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def opforge_cli(env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return run(env, "-m", "opforge", *args, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory, env) -> tuple[Path, subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """One scaffold (CPU kernel, with backward) in ./NAME, and its build, shared by the module."""
+    where = tmp_path_factory.mktemp("work")
+    new = opforge_cli(env, "new", NAME, "--no-cuda", "--backward", cwd=where)
+    assert new.returncode == 0, new.stdout + new.stderr
+    root = where / NAME
+    build = opforge_cli(env, "build", str(root))
+    return root, new, build
+
+
+@pytest.mark.slow
+def test_new_writes_a_package_with_its_marker(package):
+    root, new, _ = package
+    files = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    assert {
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        f"csrc/{NAME}/{NAME}.cpp",
+        f"src/{NAME}/__init__.py",
+        f"src/{NAME}/ops/{NAME}.py",
+        f"tests/test_{NAME}.py",
+    } <= files
+    assert not any(f.endswith(".cu") for f in files)  # --no-cuda
+    project = find_project(root)
+    assert project is not None and project.namespace == NAME and project.sources == root / "csrc" / NAME
+    assert f"TORCH_LIBRARY({NAME}, m)" in (root / "csrc" / NAME / f"{NAME}.cpp").read_text()
+    assert f"opforge check {NAME}\n" in new.stdout  # the next steps
+
+
+@pytest.mark.slow
+def test_build_builds_and_loads_it(package):
+    _, _, build = package
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert f"{NAME}::{NAME}" in build.stdout and "CUDA kernels: no" in build.stdout
+
+
+@pytest.mark.slow
+def test_check_passes_every_check(package, env):
+    root, _, _ = package
+    res = opforge_cli(env, "check", str(root), "--device", "cpu", "--seed", "5")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{NAME}::{NAME}" in res.stdout
+    assert res.stdout.strip().endswith("5 passed, 0 failed")  # reference, opcheck, gradcheck, compile, bad inputs
+
+
+@pytest.mark.slow
+def test_bench_times_it(package, env):
+    root, _, _ = package
+    args = ("bench", str(root), "--device", "cpu", "--dtype", "float32", "--budget", "0.02", "--seed", "3", "--no-compile")
+    res = opforge_cli(env, *args)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(f"{NAME} ") >= 3 and "refused" not in res.stdout  # one row per size: 2^16, 2^20, 2^22
+
+
+@pytest.mark.slow
+def test_the_generated_tests_pass(package, env):
+    root, _, _ = package
+    res = run(env, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests"), cwd=root)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert " passed" in res.stdout and "failed" not in res.stdout
+
+
+@pytest.mark.slow
+def test_planted_bug_fails_check_and_says_where(package, env, tmp_path):
+    root, _, _ = package
+    buggy = tmp_path / NAME
+    shutil.copytree(root, buggy)
+    cpp = buggy / "csrc" / NAME / f"{NAME}.cpp"
+    right = "t / (acc_t(1) + std::abs(t))"
+    assert right in cpp.read_text()
+    cpp.write_text(cpp.read_text().replace(right, "t / (acc_t(1) + acc_t(1.01) * std::abs(t))"))
+    res = opforge_cli(env, "check", str(buggy), "--device", "cpu", "--seed", "1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL" in res.stdout
+    # The failing check, the op, the dtype, the case and the first wrong element.
+    assert f"reference: {NAME} float32 [59] (seed 1): output 0: " in res.stdout
+    assert "elements off" in res.stdout and "got " in res.stdout and "want " in res.stdout
+    assert "2 failed" in res.stdout  # reference and gradcheck (the kernel no longer matches its derivative)
+
+
+@pytest.mark.slow
+def test_wheel_has_the_library_prebuilt(package, env, tmp_path):
+    root, _, _ = package
+    copy = tmp_path / "src_copy"  # pip builds in the tree: keep the shared package clean
+    shutil.copytree(root, copy)
+    wheels = tmp_path / "wheels"
+    res = run(env, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(wheels), str(copy))
+    assert res.returncode == 0, res.stdout + res.stderr
+    (wheel,) = wheels.glob(f"{NAME}-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith(f"{NAME}/_C.") and n.endswith(".so") for n in names), names
+    assert f"{NAME}/_C.build.json" in names and f"{NAME}/_csrc/{NAME}/{NAME}.cpp" in names
+    site = tmp_path / "site"
+    res = run(env, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel))
+    assert res.returncode == 0, res.stdout + res.stderr
+    code = f"import torch, {NAME} as p; x = torch.randn(9); print(p.library.route, bool(torch.equal(p.{NAME}(x), x / (1 + x.abs()))))"
+    res = run({**env, "PYTHONPATH": os.pathsep.join([str(site), SRC])}, "-c", code, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ["prebuilt", "True"]
+
+
+def test_cuda_kernel_is_generated_and_compiles_with_plain_nvcc(tmp_path):
+    root = scaffold("opf_cuda_op", tmp_path / "pkg", namespace="opf_ns", cuda=True)
+    folder = root / "csrc" / "opf_cuda_op"
+    cu, header = folder / "opf_cuda_op_kernel.cu", folder / "opf_cuda_op_kernel.h"
+    assert cu.is_file() and header.is_file()
+    for text in (cu.read_text(), header.read_text()):
+        assert "#include <torch" not in text and "#include <ATen" not in text and "#include <c10" not in text
+    cpp = (folder / "opf_cuda_op.cpp").read_text()
+    assert "TORCH_LIBRARY(opf_ns, m)" in cpp and '#include "opf_cuda_op_kernel.h"' in cpp and "opf_cuda_op_cuda(" in cpp
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    cmd = [nvcc, "-std=c++17", "-c", "-arch=sm_80", f"-I{csrc_dir()}", f"-I{folder}", str(cu), "-o", str(tmp_path / "kernel.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace", "message"),
+    [
+        ("1op", None, "NAME '1op' is not a valid identifier"),
+        ("my-op", None, "NAME 'my-op' is not a valid identifier"),
+        ("my op", None, "NAME 'my op' is not a valid identifier"),
+        ("_op", None, "NAME '_op' is not a valid identifier"),
+        ("class", None, "NAME 'class' is a Python keyword"),
+        ("lambda", None, "NAME 'lambda' is a Python keyword"),
+        ("double", None, "NAME 'double' is a C++ keyword"),
+        ("aten", None, "NAME 'aten' collides with an existing torch.ops namespace"),
+        ("opforge", None, "NAME 'opforge' collides with an existing torch.ops namespace"),
+        ("prims", None, "NAME 'prims' collides with an existing torch.ops namespace"),
+        ("load_library", None, "NAME 'load_library' collides with an existing torch.ops namespace or attribute"),
+        ("my_op", "aten", "namespace 'aten' collides with an existing torch.ops namespace"),
+        ("my_op", "opforge", "namespace 'opforge' collides with an existing torch.ops namespace"),
+        ("my_op", "my-ns", "namespace 'my-ns' is not a valid identifier"),
+        ("json", None, "NAME 'json' is already an importable Python module"),
+    ],
+)
+def test_bad_names_are_refused(tmp_path, name, namespace, message):
+    with pytest.raises(ProjectError, match="^" + re.escape(message)):
+        scaffold(name, tmp_path / "pkg", namespace)
+    assert not (tmp_path / "pkg").exists()  # nothing written
+
+
+def test_a_non_empty_directory_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    with pytest.raises(ProjectError, match=f"^{re.escape(str(tmp_path))} is not empty"):
+        scaffold("my_op", tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    scaffold("my_op", tmp_path / "empty_dir_is_fine")  # does not exist yet: created
+
+
+def test_cli_reports_a_bad_name_and_a_folder_that_is_no_package(tmp_path, env):
+    res = opforge_cli(env, "new", "9lives", cwd=tmp_path)
+    assert res.returncode != 0 and "opforge new: NAME '9lives' is not a valid identifier" in res.stderr
+    assert not any(tmp_path.iterdir())
+    res = opforge_cli(env, "check", f"{tmp_path}{os.sep}", "--device", "cpu")
+    assert res.returncode != 0 and f"is not an opforge package: no [tool.opforge] table in {tmp_path}" in res.stderr
