@@ -6,11 +6,14 @@
 // registered from Python, runs that Python autograd kernel on every call, even
 // when nothing needs a gradient: 13.5 and 24 us per call on an H200 where
 // torch.add takes 7.6 us (issue 6). FastOp skips both when it may: every tensor
-// argument is a plain torch.Tensor, none needs a gradient (or grad mode is
-// off), no __torch_function__ mode is active, the arguments are positional. It
-// then calls the operator through the dispatcher below autograd, so the
-// backend kernel runs, as do whatever modes sit above autograd (autocast,
-// vmap, fake and Python dispatch modes). Otherwise it returns NotImplemented
+// argument is a plain torch.Tensor, no __torch_function__ mode is active, the
+// arguments are positional. It then calls the operator through the dispatcher
+// below autograd, so the backend kernel runs, as do whatever modes sit above
+// autograd (autocast, vmap, fake and Python dispatch modes). When an input
+// needs a gradient it records the graph itself: one C++ node whose backward is
+// the spec's Python backward, fed by the spec's setup_context, with the saved
+// tensors kept as SavedVariables (version-checked, and no reference cycle
+// through a saved output), as torch.autograd.Function does. Otherwise it returns NotImplemented
 // and the Python caller takes the full torch.ops path: the answer is the same
 // either way, only the cost differs. Operators that write an argument are not
 // offered (their version counters are bumped above autograd).
@@ -26,9 +29,14 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace opforge {
@@ -44,9 +52,179 @@ struct FastOp {
   std::vector<c10::IValue>* defaults;  // None where the argument has no default
   Py_ssize_t required;                 // arguments without a default
   Py_ssize_t returns;
+  // The spec's autograd (set_autograd); null: an input that needs a gradient
+  // sends the call to torch.ops.
+  PyObject* setup_context;
+  PyObject* backward;
+  PyObject* ctx_type;
+  std::string* node_name;
 };
 
 PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
+
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+// std::shared_ptr<Node> before torch 2.12, c10::intrusive_ptr<Node> since.
+using NodePtr = decltype(std::declval<torch::autograd::Edge>().function);
+
+// The backward of one fast-path call: the spec's Python backward(ctx, *grads).
+struct PyBackward : Node {
+  PyObject* backward = nullptr;  // the spec's function (lives as long as the process)
+  PyObject* ctx = nullptr;       // owned
+  std::vector<SavedVariable> saved;
+  std::vector<bool> tensor_arg;  // per argument: does it have an edge
+  std::string node_name;
+  bool released = false;
+
+  std::string name() const override { return node_name; }
+
+  void release_variables() override {
+    saved.clear();
+    released = true;
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    pybind11::gil_scoped_acquire gil;
+    TORCH_CHECK(!released, node_name,
+                ": trying to backward through the graph a second time (or to read saved tensors after they were freed); "
+                "pass retain_graph=True to the first backward");
+    PyObject* saved_tuple = PyTuple_New(static_cast<Py_ssize_t>(saved.size()));
+    if (saved_tuple == nullptr) throw python_error();
+    for (size_t i = 0; i < saved.size(); ++i) {
+      PyTuple_SET_ITEM(saved_tuple, static_cast<Py_ssize_t>(i), THPVariable_Wrap(saved[i].unpack(getptr())));
+    }
+    const int set = PyObject_SetAttrString(ctx, "saved_tensors", saved_tuple);
+    Py_DECREF(saved_tuple);
+    if (set < 0) throw python_error();
+    PyObject* call_args = PyTuple_New(static_cast<Py_ssize_t>(grads.size()) + 1);
+    if (call_args == nullptr) throw python_error();
+    Py_INCREF(ctx);
+    PyTuple_SET_ITEM(call_args, 0, ctx);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      // Materialised, as autograd.Function does: a backward never sees None.
+      at::Tensor g = grads[i].defined() ? grads[i] : input_metadata(i).zeros_like();
+      PyTuple_SET_ITEM(call_args, static_cast<Py_ssize_t>(i) + 1, THPVariable_Wrap(std::move(g)));
+    }
+    PyObject* result = PyObject_CallObject(backward, call_args);
+    Py_DECREF(call_args);
+    if (result == nullptr) throw python_error();
+    // One gradient per argument (None for non-tensors), as register_autograd's backward returns.
+    PyObject* seq = PyTuple_Check(result) ? result : PyTuple_Pack(1, result);
+    if (seq != result) Py_DECREF(result);
+    if (seq == nullptr) throw python_error();
+    const auto n = static_cast<size_t>(PyTuple_GET_SIZE(seq));
+    if (n != tensor_arg.size()) {
+      Py_DECREF(seq);
+      TORCH_CHECK(false, node_name, ": the backward returned ", n, " gradients for ", tensor_arg.size(), " inputs");
+    }
+    variable_list out;
+    for (size_t i = 0; i < n; ++i) {
+      if (!tensor_arg[i]) continue;
+      PyObject* g = PyTuple_GET_ITEM(seq, static_cast<Py_ssize_t>(i));
+      out.push_back(g == Py_None ? at::Tensor() : THPVariable_Unpack(g));
+    }
+    Py_DECREF(seq);
+    return out;
+  }
+
+  ~PyBackward() override {
+    if (ctx != nullptr) {
+      pybind11::gil_scoped_acquire gil;
+      Py_DECREF(ctx);
+    }
+  }
+};
+
+// N is a template parameter so that the branch for the other torch is never instantiated.
+template <typename Ptr, typename N = PyBackward>
+Ptr make_node() {
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<Node>>) {
+    return std::make_shared<N>();
+  } else {
+    return c10::make_intrusive<N>();
+  }
+}
+
+// The argument as Python sees it in setup_context's `inputs`: given or defaulted.
+PyObject* input_object(const FastOp* f, PyObject* const* args, Py_ssize_t n, Py_ssize_t i) {
+  if (i < n) {
+    Py_INCREF(args[i]);
+    return args[i];
+  }
+  const c10::IValue& v = (*f->defaults)[static_cast<size_t>(i)];
+  if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
+  if (v.isInt()) return PyLong_FromLongLong(v.toInt());
+  if (v.isBool()) return PyBool_FromLong(v.toBool());
+  Py_RETURN_NONE;
+}
+
+// Records the call in the autograd graph: out's grad_fn is a PyBackward whose
+// saved tensors are what the spec's setup_context saves.
+PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const torch::jit::Stack& inputs,
+                 at::Tensor out) {
+  const auto total = static_cast<Py_ssize_t>(f->kinds->size());
+  NodePtr node_ptr = make_node<NodePtr>();
+  auto* node = static_cast<PyBackward*>(node_ptr.get());
+  node->backward = f->backward;
+  node->node_name = *f->node_name;
+  std::vector<at::Tensor> tensors;
+  for (Py_ssize_t i = 0; i < total; ++i) {
+    const bool is_tensor = (*f->kinds)[static_cast<size_t>(i)] == Kind::Tensor;
+    node->tensor_arg.push_back(is_tensor);
+    if (is_tensor) tensors.push_back(inputs[static_cast<size_t>(i)].toTensor());
+  }
+  node->set_next_edges(torch::autograd::collect_next_edges(at::ArrayRef<at::Tensor>(tensors)));
+  torch::autograd::set_history(out, node_ptr);
+
+  PyObject* ctx = PyObject_CallNoArgs(f->ctx_type);
+  if (ctx == nullptr) return nullptr;
+  node->ctx = ctx;  // the node owns it from here
+  PyObject* needs = PyTuple_New(total);
+  PyObject* in = PyTuple_New(total);
+  if (needs == nullptr || in == nullptr) {
+    Py_XDECREF(needs);
+    Py_XDECREF(in);
+    return nullptr;
+  }
+  size_t t = 0;
+  for (Py_ssize_t i = 0; i < total; ++i) {
+    const bool needs_grad = node->tensor_arg[static_cast<size_t>(i)] && tensors[t++].requires_grad();
+    PyTuple_SET_ITEM(needs, i, PyBool_FromLong(needs_grad));
+    PyTuple_SET_ITEM(in, i, input_object(f, args, n, i));
+  }
+  const int set = PyObject_SetAttrString(ctx, "needs_input_grad", needs);
+  Py_DECREF(needs);
+  PyObject* py_out = THPVariable_Wrap(out);
+  if (set < 0 || py_out == nullptr) {
+    Py_DECREF(in);
+    Py_XDECREF(py_out);
+    return nullptr;
+  }
+  PyObject* ok = PyObject_CallFunctionObjArgs(f->setup_context, ctx, in, py_out, nullptr);
+  Py_DECREF(in);
+  if (ok == nullptr) {
+    Py_DECREF(py_out);
+    return nullptr;
+  }
+  Py_DECREF(ok);
+  // What setup_context saved moves into SavedVariables; the ctx keeps no tensor,
+  // so a saved output does not hold its own grad_fn alive through Python.
+  PyObject* to_save = PyObject_GetAttrString(ctx, "to_save");
+  if (to_save == nullptr) {
+    PyErr_Clear();
+  } else {
+    if (PyTuple_Check(to_save)) {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(to_save); ++i) {
+        const at::Tensor& v = THPVariable_Unpack(PyTuple_GET_ITEM(to_save, i));
+        node->saved.emplace_back(v, /*is_output=*/v.is_same(out));
+      }
+    }
+    Py_DECREF(to_save);
+    if (PyObject_DelAttrString(ctx, "to_save") < 0) PyErr_Clear();
+  }
+  return py_out;
+}
 
 // Converts one positional argument, or returns false to leave the call to torch.ops.
 bool push_argument(Kind kind, PyObject* arg, bool grad_mode, torch::jit::Stack& stack) {
@@ -104,21 +282,29 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
     return not_implemented();
   }
   const bool grad_mode = at::GradMode::is_enabled();
+  // With an autograd formula, inputs that need a gradient stay on the fast path.
+  const bool can_record = f->backward != nullptr && f->returns == 1;
   torch::jit::Stack stack;
   stack.reserve(static_cast<size_t>(total));
   for (Py_ssize_t i = 0; i < total; ++i) {
     if (i >= n) {
       stack.push_back((*f->defaults)[static_cast<size_t>(i)]);
-    } else if (!push_argument((*f->kinds)[static_cast<size_t>(i)], args[i], grad_mode, stack)) {
+    } else if (!push_argument((*f->kinds)[static_cast<size_t>(i)], args[i], grad_mode && !can_record, stack)) {
       return not_implemented();
     }
   }
+  bool needs_grad = false;
+  if (grad_mode) {
+    for (const auto& v : stack) needs_grad = needs_grad || (v.isTensor() && v.toTensor().requires_grad());
+  }
+  const torch::jit::Stack inputs = needs_grad ? stack : torch::jit::Stack();
   {
     // A CPU kernel over a large tensor runs for a while: other Python threads go on meanwhile.
     pybind11::gil_scoped_release no_gil;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     f->op->callBoxed(&stack);
   }
+  if (needs_grad) return record(f, args, n, inputs, std::move(stack[0]).toTensor());
   if (f->returns == 0) Py_RETURN_NONE;
   if (f->returns == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
   PyObject* out = PyTuple_New(f->returns);
@@ -134,8 +320,33 @@ void fast_dealloc(PyObject* self) {
   auto* f = reinterpret_cast<FastOp*>(self);
   delete f->kinds;
   delete f->defaults;
+  delete f->node_name;
+  Py_XDECREF(f->setup_context);
+  Py_XDECREF(f->backward);
+  Py_XDECREF(f->ctx_type);
   Py_TYPE(self)->tp_free(self);
 }
+
+// set_autograd(setup_context, backward, ctx_type): the spec's formula, for calls
+// whose inputs need a gradient (torch.library.register_autograd's protocol).
+PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  if (n != 3) {
+    PyErr_SetString(PyExc_TypeError, "set_autograd(setup_context, backward, ctx_type)");
+    return nullptr;
+  }
+  auto* f = reinterpret_cast<FastOp*>(self);
+  for (PyObject** slot : {&f->setup_context, &f->backward, &f->ctx_type}) Py_XDECREF(*slot);
+  f->setup_context = args[0];
+  f->backward = args[1];
+  f->ctx_type = args[2];
+  for (PyObject* o : {args[0], args[1], args[2]}) Py_INCREF(o);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef fast_op_methods[] = {
+    {"set_autograd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_autograd)), METH_FASTCALL,
+     "set_autograd(setup_context, backward, ctx_type)"},
+    {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject FastOpType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
@@ -181,6 +392,8 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   f->defaults = new std::vector<c10::IValue>(std::move(defaults));
   f->required = required;
   f->returns = static_cast<Py_ssize_t>(schema.returns().size());
+  f->setup_context = f->backward = f->ctx_type = nullptr;
+  f->node_name = new std::string(std::string(qualname) + "Backward");
   return reinterpret_cast<PyObject*>(f);
   END_HANDLE_TH_ERRORS
 }
@@ -208,6 +421,7 @@ PyMODINIT_FUNC OPFORGE_CONCAT(PyInit_, TORCH_EXTENSION_NAME)() {
   type.tp_vectorcall_offset = offsetof(opforge::FastOp, vectorcall);
   type.tp_call = PyVectorcall_Call;
   type.tp_dealloc = opforge::fast_dealloc;
+  type.tp_methods = opforge::fast_op_methods;
   if (PyType_Ready(&type) < 0) return nullptr;
   return PyModule_Create(&opforge_fast_module);
 }

@@ -135,10 +135,12 @@ class OpSpec:
 def _public_function(spec: OpSpec) -> Callable[..., Any]:
     """``opforge.<name>``: the eager fast path when it applies (opforge.build.fast),
     else the dispatcher (torch.ops), which also serves torch.compile and export."""
-    from opforge.build.fast import fast_op
+    from opforge.build.fast import Context, fast_op
 
     op = spec.overload
     fast = fast_op(spec.qualname)
+    if fast is not None and spec.backward is not None and spec.setup_context is not None:
+        fast.set_autograd(spec.setup_context, spec.backward, Context)
     if fast is None:
 
         def fn(*args: Any, **kwargs: Any) -> Any:

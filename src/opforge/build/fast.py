@@ -41,6 +41,15 @@ def attach(library: Path) -> types.ModuleType | None:
     return module
 
 
+class Context:
+    """The ``ctx`` of a fast-path call that records a gradient: what a spec's
+    setup_context and backward use of torch's (save_for_backward,
+    saved_tensors, needs_input_grad, attributes)."""
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        self.to_save = tensors
+
+
 def fast_op(qualname: str) -> Callable[..., Any] | None:
     """The fast-path callable for ``ns::name``, or None (no fast module, or an
     operator it cannot call: one that writes an argument, or takes or returns
