@@ -3,6 +3,8 @@ hand with ``torch.autograd.Function``; here autograd comes from the op's spec.""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -37,4 +39,36 @@ class Sigmoid(nn.Module):
         return torch.ops.opforge.sigmoid(x)
 
 
-__all__ = ["AXPBY", "Add", "Sigmoid", "Square"]
+class LLTM(nn.Module):
+    """The LLTM cell of the PyTorch C++/CUDA extension tutorial, on
+    ``opforge::lltm_forward`` (and its backward operator).
+
+    ``forward(input, (h, c)) -> (new_h, new_cell)``, input ``[batch, input_features]``,
+    h and c ``[batch, state_size]``. Parameters as in the tutorial: ``weights``
+    ``[3 * state_size, input_features + state_size]`` and ``bias`` ``[3 * state_size]``,
+    both uniform in (-1/sqrt(state_size), 1/sqrt(state_size)).
+    """
+
+    def __init__(self, input_features: int, state_size: int) -> None:
+        super().__init__()
+        self.input_features = input_features
+        self.state_size = state_size
+        self.weights = nn.Parameter(torch.empty(3 * state_size, input_features + state_size))
+        self.bias = nn.Parameter(torch.empty(3 * state_size))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        stdv = 1.0 / math.sqrt(self.state_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -stdv, stdv)
+
+    def forward(self, input: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        old_h, old_cell = state
+        new_h, new_cell, _gates = torch.ops.opforge.lltm_forward(input, self.weights, self.bias, old_h, old_cell)
+        return new_h, new_cell
+
+    def extra_repr(self) -> str:
+        return f"input_features={self.input_features}, state_size={self.state_size}"
+
+
+__all__ = ["AXPBY", "LLTM", "Add", "Sigmoid", "Square"]
