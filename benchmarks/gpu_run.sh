@@ -59,6 +59,13 @@ kernels)
     opforge profile $op --sanitize 2>&1 | tail -6 > "$OUT/sanitize-$op.txt"; echo "sanitize $op: $(grep -ci 'error' "$OUT/sanitize-$op.txt") lines with 'error'"
   done
   ;;
+final)
+  python3 -m pytest tests/test_fast.py tests/test_ops.py -q -p no:cacheprovider -m cuda -x 2>&1 | tee "$OUT/pytest-final.log" | tail -3
+  python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" 2>&1 | tee "$OUT/host-overhead.log"
+  opforge bench sigmoid axpby --device cuda --seed 1 --budget 0.1 --json "$OUT/bench-final.json" 2>&1 | tee "$OUT/bench-final.log" \
+    | grep -E "2\^(26) "
+  opforge profile lltm_forward --sanitize 2>&1 | tail -8 > "$OUT/sanitize-lltm.txt"; tail -3 "$OUT/sanitize-lltm.txt"
+  ;;
 routes)
   [ -n "${SKIP_SPEED:-}" ] || python3 benchmarks/build_speed.py --json "$OUT/build-speed.json" 2>&1 | tee "$OUT/build-speed.log"
   rm -rf /tmp/opforge-wheel /tmp/opforge-site
