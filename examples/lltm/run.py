@@ -27,18 +27,9 @@ from torch import nn
 import opforge
 
 
-class ReferenceLLTM(nn.Module):
-    """The tutorial's Python LLTM, parameters named and initialised like opforge.nn.LLTM's."""
-
-    def __init__(self, input_features: int, state_size: int) -> None:
-        super().__init__()
-        self.input_features = input_features
-        self.state_size = state_size
-        self.weights = nn.Parameter(torch.empty(3 * state_size, input_features + state_size))
-        self.bias = nn.Parameter(torch.empty(3 * state_size))
-        stdv = 1.0 / math.sqrt(state_size)
-        for weight in self.parameters():
-            nn.init.uniform_(weight, -stdv, stdv)
+class ReferenceLLTM(opforge.nn.LLTM):
+    """The tutorial's Python LLTM: opforge.nn.LLTM's parameters (names, shapes,
+    initialisation), the forward written in plain PyTorch."""
 
     def forward(self, input: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         old_h, old_cell = state
