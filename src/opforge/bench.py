@@ -376,7 +376,8 @@ def bench_op(
                 rows.append(BenchRow(spec.name, dname, sample.desc, f"refused: wrong at this size ({problem})"))
                 continue
             cost = spec.cost(*sample.args, **sample.kwargs)
-            row = BenchRow(spec.name, dname, sample.desc, "ok", numel=sample.args[0].numel(), bytes=cost.bytes, flops=cost.flops)
+            numel = next(a.numel() for a in sample.args if isinstance(a, torch.Tensor))  # an optional first argument may be None
+            row = BenchRow(spec.name, dname, sample.desc, "ok", numel=numel, bytes=cost.bytes, flops=cost.flops)
             if ceilings:
                 row.floor_us = ceilings.floor_us(cost.bytes, cost.flops, dname)
             sets = input_sets(sample, timer.l2_bytes, gen)

@@ -158,12 +158,14 @@ def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype, errors: list
         return f"returned {len(_tensors(got))} tensors, reference {len(_tensors(expected))}"
     pairs += [(args[i], ref_args[i]) for i in mutated]
     atol, rtol = spec.tolerance(dtype)
+    # The first tensor argument's device (an optional first argument may be None).
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
     problems = []
     for k, (o, r) in enumerate(pairs):
         if o.dtype != dtype:
             return f"output {k} has dtype {o.dtype}, expected {dtype}"
-        if o.device != args[0].device:
-            return f"output {k} is on {o.device}, expected {args[0].device}"
+        if o.device != device:
+            return f"output {k} is on {o.device}, expected {device}"
         if errors is not None and o.shape == r.shape:
             errors.append(measure_error(o, r, atol, rtol))
         problem = compare(o, r, atol, rtol)

@@ -8,10 +8,11 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from opforge.build.errors import BuildError
-from opforge.build.jit import Library, check_safe_to_load
+from opforge.build.jit import BuildConfig, Library, check_safe_to_load
 
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit.
 MODES = ("auto", "prebuilt", "jit")
@@ -67,43 +68,53 @@ def library_mode() -> str:
     return mode
 
 
-def choose_prebuilt() -> tuple[Path | None, str]:
-    """(the prebuilt library to load, or None; the reason, in words).
+#: A package's sources as a build, given whether CUDA kernels are wanted (None: the default).
+SourcesConfig = Callable[[bool | None], BuildConfig]
 
-    It is loaded only if it fits this process: built for this torch, CUDA and
-    Python, from the sources this installation has (an editable install whose
-    sources were edited since must rebuild), with CUDA kernels for every GPU
-    here when this machine could build them."""
-    from opforge.build import library_config, want_cuda
 
-    mode = library_mode()
-    if mode == "jit":
-        return None, "OPFORGE_LIBRARY=jit"
-    so = prebuilt_path()
-    record_path = so.with_name("_C.build.json")
+def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
+    """Whether a prebuilt library (``so``, its build record ``_C.build.json``
+    beside it) fits this process, and why in words: built for this torch, CUDA
+    and Python, from ``sources`` as they are now (an editable install whose
+    sources were edited since must rebuild; None: not checked), with CUDA
+    kernels for every GPU here when this machine could build them."""
+    from opforge.build import want_cuda
+
     if not so.is_file():
-        return None, "no prebuilt library (it is built by `pip install --no-build-isolation .`)"
+        return False, "no prebuilt library (it is built by `pip install --no-build-isolation .`)"
+    record_path = so.with_name("_C.build.json")
     try:
         record = json.loads(record_path.read_text())
     except (OSError, ValueError) as exc:
-        return None, f"the prebuilt {so.name} has no readable build record {record_path.name} ({exc})"
+        return False, f"the prebuilt {so.name} has no readable build record {record_path.name} ({exc})"
     import torch
 
     for field, here in (("torch", torch.__version__), ("cuda", torch.version.cuda), ("python", sys.implementation.cache_tag)):
         if record.get(field) != here:
-            return None, f"the prebuilt {so.name} was built for {field} {record.get(field)}, this is {here}"
+            return False, f"the prebuilt {so.name} was built for {field} {record.get(field)}, this is {here}"
     with_cuda = bool(record.get("with_cuda"))
-    if record.get("sources_digest") != library_config(with_cuda=with_cuda).sources_digest():
-        return None, f"the sources changed since {so.name} was built (an editable install): the JIT route builds them"
+    if sources is not None and record.get("sources_digest") != sources(with_cuda).sources_digest():
+        return False, f"the sources changed since {so.name} was built (an editable install): the JIT route builds them"
     if not with_cuda and want_cuda() and _gpu_capabilities():
-        return None, f"the prebuilt {so.name} has no CUDA kernels, and this machine has a GPU and nvcc: the JIT route builds them"
+        return False, f"the prebuilt {so.name} has no CUDA kernels, and this machine has a GPU and nvcc: the JIT route builds them"
     if with_cuda:
         built = tuple(record.get("cuda_archs", ()))
         missing = sorted(c for c in _gpu_capabilities() if not _covered(c, built))
         if missing:
-            return None, f"the prebuilt {so.name} has kernels for sm {', '.join(built)}, not for this GPU's {', '.join(missing)}"
+            return False, f"the prebuilt {so.name} has kernels for sm {', '.join(built)}, not for this GPU's {', '.join(missing)}"
     what = f"CUDA kernels for sm {', '.join(record.get('cuda_archs', []))}" if with_cuda else "CPU kernels only"
-    return so, f"prebuilt {so.name} (torch {record['torch']}, {what})"
+    return True, f"prebuilt {so.name} (torch {record['torch']}, {what})"
+
+
+def choose_prebuilt() -> tuple[Path | None, str]:
+    """opforge's own prebuilt library if it fits (``prebuilt_fits``), else None; the reason, in words."""
+    from opforge.build import library_config
+
+    if library_mode() == "jit":
+        return None, "OPFORGE_LIBRARY=jit"
+    so = prebuilt_path()
+    ok, why = prebuilt_fits(so, lambda cuda: library_config(with_cuda=cuda))
+    return (so if ok else None), why
 
 
 def _gpu_capabilities() -> set[str]:
@@ -123,18 +134,10 @@ def _covered(capability: str, built: tuple[str, ...]) -> bool:
     return bool(portable) and tuple(map(int, capability.split("."))) >= max(portable)
 
 
-def load_op_library() -> Library:
-    """opforge's op library: the prebuilt one when it fits, else the JIT build."""
+def load_prebuilt(so: Path) -> Library:
+    """Loads a prebuilt library into torch.ops (an installed package's may belong to root)."""
     import torch
 
-    from opforge.build import library_config
-    from opforge.build.jit import load_library
-
-    so, reason = choose_prebuilt()
-    if so is None:
-        if library_mode() == "prebuilt":
-            raise BuildError(f"opforge: OPFORGE_LIBRARY=prebuilt, but {reason}")
-        return load_library(library_config())
     check_safe_to_load(so, in_cache=False, root_ok=True)
     torch.ops.load_library(str(so))
     record = json.loads(so.with_name("_C.build.json").read_text())
@@ -143,4 +146,40 @@ def load_op_library() -> Library:
     )
 
 
-__all__ = ["MODES", "choose_prebuilt", "explain_load_error", "library_mode", "load_library_file", "load_op_library", "prebuilt_path"]
+def load_op_library() -> Library:
+    """opforge's op library: the prebuilt one when it fits, else the JIT build."""
+    from opforge.build import library_config
+
+    return load_package_library(prebuilt_path(), lambda cuda: library_config(with_cuda=cuda), what="opforge")
+
+
+def load_package_library(so: Path, sources: SourcesConfig | None, *, what: str) -> Library:
+    """A package's op library, opforge's own or one of ``opforge new``'s: the
+    prebuilt ``so`` when it fits (``prebuilt_fits``; ``OPFORGE_LIBRARY``
+    forces either way), else the JIT build of ``sources(None)``."""
+    from opforge.build.jit import load_library
+
+    mode = library_mode()
+    ok, why = (False, "OPFORGE_LIBRARY=jit") if mode == "jit" else prebuilt_fits(so, sources)
+    if ok:
+        return load_prebuilt(so)
+    if mode == "prebuilt":
+        raise BuildError(f"{what}: OPFORGE_LIBRARY=prebuilt, but {why}")
+    if sources is None:
+        raise BuildError(f"{what}: {why}, and no sources to build it from")
+    return load_library(sources(None))
+
+
+__all__ = [
+    "MODES",
+    "SourcesConfig",
+    "choose_prebuilt",
+    "explain_load_error",
+    "library_mode",
+    "load_library_file",
+    "load_op_library",
+    "load_package_library",
+    "load_prebuilt",
+    "prebuilt_fits",
+    "prebuilt_path",
+]
