@@ -64,17 +64,36 @@ inline void check_floating(const char* op, const char* name, const at::Tensor& t
       name, " must be float32, float16, bfloat16 or float64, got ", dtype_name(st));
 }
 
+// Device and dtype of `t` equal to those of `ref`, shapes free: for ops
+// whose tensors have different shapes (lltm, gemm), where check_same does not fit.
+inline void check_like(const char* op, const char* ref_name, const at::Tensor& ref, const char* name,
+                       const at::Tensor& t) {
+  check_defined(op, name, t);
+  TORCH_CHECK(ref.device() == t.device(), op, ": ", ref_name, " and ", name,
+              " must be on the same device, got ", ref.device(), " and ", t.device());
+  TORCH_CHECK_TYPE(ref.scalar_type() == t.scalar_type(), op, ": ", ref_name, " and ", name,
+                   " must have the same dtype, got ", dtype_name(ref.scalar_type()), " and ",
+                   dtype_name(t.scalar_type()));
+}
+
+// `layout` names the dimensions, e.g. "[batch, input_features]".
+inline void check_2d(const char* op, const char* name, const at::Tensor& t, const char* layout) {
+  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D ", layout, ", got shape ", t.sizes());
+}
+
+// `t` has exactly `want`; `how` says where the expected sizes come from.
+inline void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef want,
+                        const char* how) {
+  TORCH_CHECK(t.sizes() == want, op, ": ", name, " must have shape ", how, " = ", want, ", got ",
+              t.sizes());
+}
+
 // Same device, dtype and shape: what every elementwise operator of two or more
 // tensors asks. No broadcasting: a shape mismatch is almost always a bug in
 // the caller, and silent broadcasting would hide it.
 inline void check_same(const char* op, const char* name_a, const at::Tensor& a, const char* name_b,
                        const at::Tensor& b) {
-  check_defined(op, name_b, b);
-  TORCH_CHECK(a.device() == b.device(), op, ": ", name_a, " and ", name_b,
-              " must be on the same device, got ", a.device(), " and ", b.device());
-  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), op, ": ", name_a, " and ", name_b,
-                   " must have the same dtype, got ", dtype_name(a.scalar_type()), " and ",
-                   dtype_name(b.scalar_type()));
+  check_like(op, name_a, a, name_b, b);
   TORCH_CHECK(a.sizes() == b.sizes(), op, ": ", name_a, " and ", name_b,
               " must have the same shape, got ", a.sizes(), " and ", b.sizes());
 }

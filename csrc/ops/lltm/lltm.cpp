@@ -44,30 +44,6 @@ namespace {
 constexpr const char* kForward = "opforge::lltm_forward";
 constexpr const char* kBackward = "opforge::lltm_backward";
 
-// Device and dtype of `t` equal to those of `ref` (the shapes differ between
-// the LLTM's tensors, so common.h's check_same, which also compares shapes,
-// does not fit).
-void check_like(const char* op, const char* ref_name, const at::Tensor& ref, const char* name,
-                const at::Tensor& t) {
-  check_defined(op, name, t);
-  TORCH_CHECK(ref.device() == t.device(), op, ": ", ref_name, " and ", name,
-              " must be on the same device, got ", ref.device(), " and ", t.device());
-  TORCH_CHECK_TYPE(ref.scalar_type() == t.scalar_type(), op, ": ", ref_name, " and ", name,
-                   " must have the same dtype, got ", dtype_name(ref.scalar_type()), " and ",
-                   dtype_name(t.scalar_type()));
-}
-
-void check_2d(const char* op, const char* name, const at::Tensor& t, const char* layout) {
-  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D ", layout, ", got shape ", t.sizes());
-}
-
-// `t` has exactly `want`; `how` says where the expected sizes come from.
-void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef want,
-                 const char* how) {
-  TORCH_CHECK(t.sizes() == want, op, ": ", name, " must have shape ", how, " = ", want, ", got ",
-              t.sizes());
-}
-
 // The forward's (and the backward's) view of the cell's sizes, checked.
 struct Sizes {
   int64_t batch, features, state;

@@ -1,6 +1,6 @@
 """Shared pieces of the elementwise specs: random inputs in every layout the
-kernels must handle, the bad inputs every elementwise operator must refuse, and
-fake-kernel checks that mirror the C++ ones (same words, raised at trace time)."""
+kernels must handle and the bad inputs every elementwise operator must refuse.
+The fake-kernel checks live in ``_checks`` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from typing import Any
 
 import torch
 
-from opforge.spec import FLOAT_DTYPES, BadInput, Cost, Sample, SampleFn
+from opforge.ops._checks import _DTYPE_WORDS, expect_floating, expect_out, expect_same
+from opforge.spec import BadInput, Cost, Sample, SampleFn
+
+__all__ = ["expect_floating", "expect_out", "expect_same"]  # re-exported for the specs
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
@@ -124,29 +127,6 @@ def bench_tensors(
 def streaming_cost(*tensors: torch.Tensor, flops_per_element: int) -> Cost:
     """Each tensor read or written once; FLOPs per element of the first."""
     return Cost(bytes=sum(t.numel() * t.element_size() for t in tensors), flops=flops_per_element * tensors[0].numel())
-
-
-# --- checks in fake kernels: the same rules and words as csrc/opforge/common.h ---
-
-_DTYPE_WORDS = "float32, float16, bfloat16 or float64"
-
-
-def expect_floating(op: str, name: str, t: torch.Tensor) -> None:
-    torch._check_type(t.dtype in FLOAT_DTYPES, lambda: f"{op}: {name} must be {_DTYPE_WORDS}, got {t.dtype}")
-
-
-def expect_same(op: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
-    torch._check(a.device == b.device, lambda: f"{op}: {name_a} and {name_b} must be on the same device, got {a.device} and {b.device}")
-    torch._check_type(a.dtype == b.dtype, lambda: f"{op}: {name_a} and {name_b} must have the same dtype, got {a.dtype} and {b.dtype}")
-    torch._check(
-        a.shape == b.shape, lambda: f"{op}: {name_a} and {name_b} must have the same shape, got {list(a.shape)} and {list(b.shape)}"
-    )
-
-
-def expect_out(op: str, out: torch.Tensor, ref: torch.Tensor) -> None:
-    torch._check(out.device == ref.device, lambda: f"{op}: out must be on {ref.device}, got {out.device}")
-    torch._check_type(out.dtype == ref.dtype, lambda: f"{op}: out must have dtype {ref.dtype}, got {out.dtype}")
-    torch._check(out.shape == ref.shape, lambda: f"{op}: out must have shape {list(ref.shape)}, got {list(out.shape)}")
 
 
 # --- bad inputs every elementwise operator must refuse ---

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from opforge.ops._elementwise import expect_floating, randn
+from opforge.ops._checks import expect_2d, expect_floating, expect_like, expect_shape
+from opforge.ops._elementwise import randn
 from opforge.spec import BadInput, Cost, OpSpec, Sample, SampleFn
 
 OP = "opforge::lltm_forward"
@@ -95,28 +96,15 @@ def reference_backward(
 # --- fake kernels: the C++ checks, same words (csrc/ops/lltm/lltm.cpp) ---
 
 
-def _expect_like(op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor) -> None:
-    torch._check(ref.device == t.device, lambda: f"{op}: {ref_name} and {name} must be on the same device, got {ref.device} and {t.device}")
-    torch._check_type(ref.dtype == t.dtype, lambda: f"{op}: {ref_name} and {name} must have the same dtype, got {ref.dtype} and {t.dtype}")
-
-
-def _expect_2d(op: str, name: str, t: torch.Tensor, layout: str) -> None:
-    torch._check(t.dim() == 2, lambda: f"{op}: {name} must be 2-D {layout}, got shape {list(t.shape)}")
-
-
-def _expect_shape(op: str, name: str, t: torch.Tensor, want: list[Any], how: str) -> None:
-    torch._check(list(t.shape) == want, lambda: f"{op}: {name} must have shape {how} = {want}, got {list(t.shape)}")
-
-
 def _expect_cell(op: str, input: torch.Tensor, old_h: torch.Tensor, weights: torch.Tensor) -> tuple[Any, Any, Any]:
     expect_floating(op, "input", input)
-    _expect_2d(op, "input", input, "[batch, input_features]")
-    _expect_like(op, "input", input, "old_h", old_h)
-    _expect_like(op, "input", input, "weights", weights)
-    _expect_2d(op, "old_h", old_h, "[batch, state_size]")
+    expect_2d(op, "input", input, "[batch, input_features]")
+    expect_like(op, "input", input, "old_h", old_h)
+    expect_like(op, "input", input, "weights", weights)
+    expect_2d(op, "old_h", old_h, "[batch, state_size]")
     B, F_, S = input.shape[0], input.shape[1], old_h.shape[1]
     torch._check(old_h.shape[0] == B, lambda: f"{op}: old_h must have input's batch size {B} in dim 0, got shape {list(old_h.shape)}")
-    _expect_shape(op, "weights", weights, [3 * S, F_ + S], "[3 * state_size, input_features + state_size]")
+    expect_shape(op, "weights", weights, [3 * S, F_ + S], "[3 * state_size, input_features + state_size]")
     return B, F_, S
 
 
@@ -124,10 +112,10 @@ def _fake(
     input: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor, old_h: torch.Tensor, old_cell: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, _, S = _expect_cell(OP, input, old_h, weights)
-    _expect_like(OP, "input", input, "bias", bias)
-    _expect_like(OP, "input", input, "old_cell", old_cell)
-    _expect_shape(OP, "bias", bias, [3 * S], "[3 * state_size]")
-    _expect_shape(OP, "old_cell", old_cell, list(old_h.shape), "[batch, state_size] (old_h's)")
+    expect_like(OP, "input", input, "bias", bias)
+    expect_like(OP, "input", input, "old_cell", old_cell)
+    expect_shape(OP, "bias", bias, [3 * S], "[3 * state_size]")
+    expect_shape(OP, "old_cell", old_cell, list(old_h.shape), "[batch, state_size] (old_h's)")
     return input.new_empty(B, S), input.new_empty(B, S), input.new_empty(B, 3 * S)
 
 
@@ -151,8 +139,8 @@ def _fake_backward(
         ("gates", gates, [B, 3 * S], "[batch, 3 * state_size]"),
     ):
         if t is not None:
-            _expect_like(OP_BACKWARD, "input", input, name, t)
-            _expect_shape(OP_BACKWARD, name, t, shape, how)
+            expect_like(OP_BACKWARD, "input", input, name, t)
+            expect_shape(OP_BACKWARD, name, t, shape, how)
     shapes = ((B, S), (B, F_), (3 * S, F_ + S), (3 * S,), (B, S))
     return tuple(input.new_empty(shape if want else (0,)) for shape, want in zip(shapes, output_mask, strict=True))  # type: ignore[return-value]
 
