@@ -333,7 +333,11 @@ def test_cuda_archs_from_the_gpus_and_default(monkeypatch):
         (("8.6",), ["-gencode=arch=compute_86,code=sm_86", "-gencode=arch=compute_86,code=compute_86"]),
         (
             ("9.0a", "10.0"),
-            ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_100,code=sm_100", "-gencode=arch=compute_100,code=compute_100"],
+            [
+                "-gencode=arch=compute_90a,code=sm_90a",
+                "-gencode=arch=compute_100,code=sm_100",
+                "-gencode=arch=compute_100,code=compute_100",
+            ],
         ),
     ],
 )
