@@ -1,0 +1,84 @@
+#pragma once
+// Which kernel runs a GEMM: by dtype, by what the device and the build can do,
+// by alignment, and by size class. gemm_kernel.cu's gemm_cuda is this; the
+// tuning driver (benchmarks/gemm_tune.cu) times it beside every variant.
+//
+// The tile shapes below are the tuning constants; each carries the
+// measurement that chose it (benchmarks/gemm_notes.md has the tables).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gemm_common.cuh"
+#include "gemm_mma.cuh"
+#include "gemm_simt.cuh"
+#include "gemm_wgmma.cuh"
+#include "opforge/dtype.h"
+
+namespace opforge::gemm {
+
+// ---- float32 / float64 on the CUDA cores (gemm_simt.cuh)
+// 128 x 128 CTA tile, 64 x 32 warp tile, 8 x 8 outputs a thread, K-slices of 8.
+using SimtLarge = SimtTile<128, 128, 8, 64, 32, 8, 8>;
+// 64 x 64, for grids that 128 x 128 tiles would leave short of one CTA per SM.
+using SimtSmall = SimtTile<64, 64, 16, 32, 32, 4, 8>;
+using SimtF64 = SimtTile<64, 64, 8, 32, 32, 4, 8>;
+
+// ---- float16 / bfloat16 through mma.sync (gemm_mma.cuh)
+using MmaLarge = MmaTile<128, 128, 64, 32, 4>;
+using MmaSmall = MmaTile<64, 64, 32, 32, 4>;
+
+// ---- float16 / bfloat16 through wgmma + TMA on sm_90a (gemm_wgmma.cuh)
+using WgmmaLarge = WgmmaTile<128, 256, 4, 2>;
+using WgmmaMedium = WgmmaTile<128, 128, 6, 2>;
+using WgmmaSmallM = WgmmaTile<64, 64, 8, 1>;
+
+template <class Tile>
+inline int64_t tiles_of(const Problem& p) {
+  return ceil_div(p.M, Tile::BM) * ceil_div(p.N, Tile::BN);
+}
+
+template <typename T>
+inline const char* dispatch_half(const Problem& p, const DeviceInfo& info, cudaStream_t s) {
+  if (wgmma_ok(p) && wgmma_available(info)) {
+    if (p.M <= 64) return launch_wgmma<T, WgmmaSmallM>(p, info, s);
+    if (tiles_of<WgmmaLarge>(p) >= info.sms) return launch_wgmma<T, WgmmaLarge>(p, info, s);
+    return launch_wgmma<T, WgmmaMedium>(p, info, s);
+  }
+  if (info.major >= 8) {
+    const bool large = tiles_of<MmaLarge>(p) >= info.sms;
+    if (mma_async_ok(p)) {
+      return large ? launch_mma<T, MmaLarge, true>(p, s) : launch_mma<T, MmaSmall, true>(p, s);
+    }
+    return large ? launch_mma<T, MmaLarge, false>(p, s) : launch_mma<T, MmaSmall, false>(p, s);
+  }
+  // Before sm_80 there is no bf16 mma.sync: CUDA cores, float32 accumulation.
+  return launch_simt<T, float, SimtSmall, false>(p, info.sms, s);
+}
+
+inline const char* dispatch(DType dtype, const Problem& p, cudaStream_t s) {
+  if (p.M < 1 || p.N < 1 || p.K < 1) return "opforge: gemm: M, N and K must be >= 1";
+  DeviceInfo info;
+  if (const char* err = device_info(info)) return err;
+  switch (dtype) {
+    case DType::Float32: {
+      const bool large = tiles_of<SimtLarge>(p) >= info.sms;
+      if (simt_vec_ok(p)) {
+        return large ? launch_simt<float, float, SimtLarge, true>(p, info.sms, s)
+                     : launch_simt<float, float, SimtSmall, true>(p, info.sms, s);
+      }
+      return large ? launch_simt<float, float, SimtLarge, false>(p, info.sms, s)
+                   : launch_simt<float, float, SimtSmall, false>(p, info.sms, s);
+    }
+    case DType::Float64:
+      return launch_simt<double, double, SimtF64, false>(p, info.sms, s);
+    case DType::Float16:
+      return dispatch_half<__half>(p, info, s);
+    case DType::BFloat16:
+      return dispatch_half<__nv_bfloat16>(p, info, s);
+  }
+  return "opforge: gemm: unsupported dtype in the CUDA launcher";
+}
+
+}  // namespace opforge::gemm
