@@ -19,8 +19,10 @@
 namespace opforge::gemm {
 
 // ---- float32 / float64 on the CUDA cores (gemm_simt.cuh)
-// 128 x 128 CTA tile, 64 x 32 warp tile, 8 x 8 outputs a thread, K-slices of 8.
-using SimtLarge = SimtTile<128, 128, 8, 64, 32, 8, 8>;
+// 256 x 128 CTA tile, 64 x 64 warp tile, 16 x 8 outputs a thread, K-slices of 8.
+using SimtLarge = SimtTile<256, 128, 8, 64, 64, 16, 8>;
+// 128 x 128, 64 x 32 warps, 8 x 8 a thread.
+using SimtMedium = SimtTile<128, 128, 8, 64, 32, 8, 8>;
 // 64 x 64, for grids that 128 x 128 tiles would leave short of one CTA per SM.
 using SimtSmall = SimtTile<64, 64, 16, 32, 32, 4, 8>;
 using SimtF64 = SimtTile<64, 64, 8, 32, 32, 4, 8>;
@@ -30,9 +32,12 @@ using MmaLarge = MmaTile<128, 128, 64, 32, 4>;
 using MmaSmall = MmaTile<64, 64, 32, 32, 4>;
 
 // ---- float16 / bfloat16 through wgmma + TMA on sm_90a (gemm_wgmma.cuh)
-using WgmmaLarge = WgmmaTile<128, 256, 4, 2>;
+using WgmmaLarge = WgmmaTile<128, 256, 3, 2>;
 using WgmmaMedium = WgmmaTile<128, 128, 6, 2>;
-using WgmmaSmallM = WgmmaTile<64, 64, 8, 1>;
+using WgmmaSmallM = WgmmaTile<64, 128, 8, 1>;
+// Misaligned operands (padded copies) and C written directly.
+using WgmmaPackedLarge = WgmmaTile<128, 256, 4, 2, false>;
+using WgmmaPackedSmallM = WgmmaTile<64, 128, 8, 1, false>;
 
 template <class Tile>
 inline int64_t tiles_of(const Problem& p) {
@@ -41,10 +46,16 @@ inline int64_t tiles_of(const Problem& p) {
 
 template <typename T>
 inline const char* dispatch_half(const Problem& p, const DeviceInfo& info, cudaStream_t s) {
-  if (wgmma_ok(p) && wgmma_available(info)) {
-    if (p.M <= 64) return launch_wgmma<T, WgmmaSmallM>(p, info, s);
-    if (tiles_of<WgmmaLarge>(p) >= info.sms) return launch_wgmma<T, WgmmaLarge>(p, info, s);
-    return launch_wgmma<T, WgmmaMedium>(p, info, s);
+  if (wgmma_dims_ok(p) && wgmma_available(info)) {
+    if (wgmma_ok(p)) {
+      if (p.M <= 64) return launch_wgmma<T, WgmmaSmallM>(p, info, s);
+      if (tiles_of<WgmmaLarge>(p) >= info.sms) return launch_wgmma<T, WgmmaLarge>(p, info, s);
+      return launch_wgmma<T, WgmmaMedium>(p, info, s);
+    }
+    bool fell_back = false;
+    const char* err = p.M <= 64 ? launch_wgmma_packed<T, WgmmaPackedSmallM>(p, info, s, 0, &fell_back)
+                                : launch_wgmma_packed<T, WgmmaPackedLarge>(p, info, s, 0, &fell_back);
+    if (!fell_back) return err;
   }
   if (info.major >= 8) {
     const bool large = tiles_of<MmaLarge>(p) >= info.sms;
@@ -63,13 +74,14 @@ inline const char* dispatch(DType dtype, const Problem& p, cudaStream_t s) {
   if (const char* err = device_info(info)) return err;
   switch (dtype) {
     case DType::Float32: {
-      const bool large = tiles_of<SimtLarge>(p) >= info.sms;
       if (simt_vec_ok(p)) {
-        return large ? launch_simt<float, float, SimtLarge, true>(p, info.sms, s)
-                     : launch_simt<float, float, SimtSmall, true>(p, info.sms, s);
+        if (tiles_of<SimtLarge>(p) >= info.sms) return launch_simt<float, float, SimtLarge, true>(p, info.sms, s);
+        if (tiles_of<SimtMedium>(p) >= info.sms) return launch_simt<float, float, SimtMedium, true>(p, info.sms, s);
+        return launch_simt<float, float, SimtSmall, true>(p, info.sms, s);
       }
-      return large ? launch_simt<float, float, SimtLarge, false>(p, info.sms, s)
-                   : launch_simt<float, float, SimtSmall, false>(p, info.sms, s);
+      if (tiles_of<SimtLarge>(p) >= info.sms) return launch_simt<float, float, SimtLarge, false>(p, info.sms, s);
+      if (tiles_of<SimtMedium>(p) >= info.sms) return launch_simt<float, float, SimtMedium, false>(p, info.sms, s);
+      return launch_simt<float, float, SimtSmall, false>(p, info.sms, s);
     }
     case DType::Float64:
       return launch_simt<double, double, SimtF64, false>(p, info.sms, s);
