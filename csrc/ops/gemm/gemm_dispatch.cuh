@@ -21,10 +21,10 @@ namespace opforge::gemm {
 // ---- float32 / float64 on the CUDA cores (gemm_simt.cuh)
 // 256 x 128 CTA tile, 64 x 64 warp tile, 16 x 8 outputs a thread, K-slices of 8.
 using SimtLarge = SimtTile<256, 128, 8, 64, 64, 16, 8>;
-// 128 x 128, 64 x 32 warps, 8 x 8 a thread.
-using SimtMedium = SimtTile<128, 128, 8, 64, 32, 8, 8>;
-// 64 x 64, for grids that 128 x 128 tiles would leave short of one CTA per SM.
+// 64 x 64, for grids that large tiles would leave short of one CTA per SM.
 using SimtSmall = SimtTile<64, 64, 16, 32, 32, 4, 8>;
+// A few rows (M <= 32): narrow tiles, long K-slices, many CTAs streaming B.
+using SimtSkinny = SimtTile<32, 64, 32, 32, 32, 4, 8>;
 using SimtF64 = SimtTile<64, 64, 8, 32, 32, 4, 8>;
 
 // ---- float16 / bfloat16 through mma.sync (gemm_mma.cuh)
@@ -37,6 +37,7 @@ using WgmmaMedium = WgmmaTile<128, 128, 6, 2>;
 using WgmmaSmallM = WgmmaTile<64, 128, 8, 1>;
 // Misaligned operands (padded copies) and C written directly.
 using WgmmaPackedLarge = WgmmaTile<128, 256, 4, 2, false>;
+using WgmmaPackedMedium = WgmmaTile<128, 128, 6, 2, false>;
 using WgmmaPackedSmallM = WgmmaTile<64, 128, 8, 1, false>;
 
 template <class Tile>
@@ -47,14 +48,17 @@ inline int64_t tiles_of(const Problem& p) {
 template <typename T>
 inline const char* dispatch_half(const Problem& p, const DeviceInfo& info, cudaStream_t s) {
   if (wgmma_dims_ok(p) && wgmma_available(info)) {
+    // The largest tile that still gives every SM a tile.
+    const bool large = tiles_of<WgmmaLarge>(p) >= info.sms, medium = tiles_of<WgmmaMedium>(p) >= info.sms;
     if (wgmma_ok(p)) {
-      if (p.M <= 64) return launch_wgmma<T, WgmmaSmallM>(p, info, s);
-      if (tiles_of<WgmmaLarge>(p) >= info.sms) return launch_wgmma<T, WgmmaLarge>(p, info, s);
-      return launch_wgmma<T, WgmmaMedium>(p, info, s);
+      if (large) return launch_wgmma<T, WgmmaLarge>(p, info, s);
+      if (medium) return launch_wgmma<T, WgmmaMedium>(p, info, s);
+      return launch_wgmma<T, WgmmaSmallM>(p, info, s);
     }
     bool fell_back = false;
-    const char* err = p.M <= 64 ? launch_wgmma_packed<T, WgmmaPackedSmallM>(p, info, s, 0, &fell_back)
-                                : launch_wgmma_packed<T, WgmmaPackedLarge>(p, info, s, 0, &fell_back);
+    const char* err = large    ? launch_wgmma_packed<T, WgmmaPackedLarge>(p, info, s, 0, &fell_back)
+                      : medium ? launch_wgmma_packed<T, WgmmaPackedMedium>(p, info, s, 0, &fell_back)
+                               : launch_wgmma_packed<T, WgmmaPackedSmallM>(p, info, s, 0, &fell_back);
     if (!fell_back) return err;
   }
   if (info.major >= 8) {
@@ -74,13 +78,15 @@ inline const char* dispatch(DType dtype, const Problem& p, cudaStream_t s) {
   if (const char* err = device_info(info)) return err;
   switch (dtype) {
     case DType::Float32: {
+      // Large tiles while they fill at least 90 % of the SMs; then narrow ones.
+      const bool large = tiles_of<SimtLarge>(p) * 10 >= int64_t{info.sms} * 9;
       if (simt_vec_ok(p)) {
-        if (tiles_of<SimtLarge>(p) >= info.sms) return launch_simt<float, float, SimtLarge, true>(p, info.sms, s);
-        if (tiles_of<SimtMedium>(p) >= info.sms) return launch_simt<float, float, SimtMedium, true>(p, info.sms, s);
+        if (large) return launch_simt<float, float, SimtLarge, true>(p, info.sms, s);
+        if (p.M <= 32) return launch_simt<float, float, SimtSkinny, true>(p, info.sms, s);
         return launch_simt<float, float, SimtSmall, true>(p, info.sms, s);
       }
-      if (tiles_of<SimtLarge>(p) >= info.sms) return launch_simt<float, float, SimtLarge, false>(p, info.sms, s);
-      if (tiles_of<SimtMedium>(p) >= info.sms) return launch_simt<float, float, SimtMedium, false>(p, info.sms, s);
+      if (large) return launch_simt<float, float, SimtLarge, false>(p, info.sms, s);
+      if (p.M <= 32) return launch_simt<float, float, SimtSkinny, false>(p, info.sms, s);
       return launch_simt<float, float, SimtSmall, false>(p, info.sms, s);
     }
     case DType::Float64:

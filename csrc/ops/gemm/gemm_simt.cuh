@@ -76,6 +76,11 @@ template <int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_>
 struct SimtTile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
   static constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
+  // Two buffers of A^T [BK][BM + 4] and B [BK][BN].
+  template <typename Acc>
+  static constexpr int smem_bytes() {
+    return 2 * BK * (BM + 4 + BN) * static_cast<int>(sizeof(Acc));
+  }
 };
 
 template <typename T, typename Acc, class Tile, bool kVec>
@@ -93,8 +98,10 @@ __global__ void __launch_bounds__(Tile::kThreads)
   constexpr int kAPer = BM * BK / 4 / kThreads, kBPer = BK * BN / 4 / kThreads;
   static_assert(!kVec || sizeof(T) == 4, "16-byte loads are float4");
 
-  __shared__ __align__(16) Acc As[2][BK][kLda];
-  __shared__ __align__(16) Acc Bs[2][BK][BN];
+  // Dynamic: 256 x 128 tiles with K-slices of 16 need more than 48 KB.
+  extern __shared__ __align__(16) unsigned char simt_smem[];
+  auto As = reinterpret_cast<Acc(*)[BK][kLda]>(simt_smem);
+  auto Bs = reinterpret_cast<Acc(*)[BK][BN]>(simt_smem + 2 * BK * kLda * sizeof(Acc));
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -210,11 +217,14 @@ __global__ void __launch_bounds__(Tile::kThreads)
 
 template <typename T, typename Acc, class Tile, bool kVec>
 const char* launch_simt(const Problem& p, int sms, cudaStream_t stream) {
+  constexpr auto kernel = simt_gemm_kernel<T, Acc, Tile, kVec>;
+  constexpr int smem = Tile::template smem_bytes<Acc>();
+  if (const char* err = allow_smem<kernel>(smem)) return err;
   const int64_t tiles = ceil_div(p.M, Tile::BM) * ceil_div(p.N, Tile::BN);
   // One CTA per tile; the kernel's tile loop only matters past gridDim.x's limit.
   const int64_t grid = tiles < 0x7fffffff ? tiles : 0x7fffffff;
   (void)sms;
-  simt_gemm_kernel<T, Acc, Tile, kVec><<<static_cast<unsigned>(grid), Tile::kThreads, 0, stream>>>(
+  kernel<<<static_cast<unsigned>(grid), Tile::kThreads, smem, stream>>>(
       static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.M, p.N, p.K);
   return launch_error();
 }
