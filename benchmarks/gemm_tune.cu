@@ -197,14 +197,15 @@ static std::vector<Variant> make_variants() {
   std::vector<Variant> v;
   add_simt<float, SimtTile<128, 128, 8, 64, 32, 8, 8>, true>(v, "simt128x128x8", DType::Float32);
   add_simt<float, SimtTile<128, 128, 16, 64, 32, 8, 8>, true>(v, "simt128x128x16", DType::Float32);
-  add_simt<float, SimtTile<128, 128, 8, 32, 64, 8, 8>, true>(v, "simt128x128x8w32x64", DType::Float32);
   add_simt<float, SimtTile<128, 256, 8, 64, 64, 8, 16>, true>(v, "simt128x256x8", DType::Float32);
   add_simt<float, SimtTile<256, 128, 8, 64, 64, 16, 8>, true>(v, "simt256x128x8", DType::Float32);
   add_simt<float, SimtTile<256, 128, 16, 64, 64, 16, 8>, true>(v, "simt256x128x16", DType::Float32);
   add_simt<float, SimtTile<128, 256, 16, 64, 64, 8, 16>, true>(v, "simt128x256x16", DType::Float32);
   add_simt<float, SimtTile<16, 64, 32, 16, 32, 4, 4>, true>(v, "simt16x64x32", DType::Float32);
   add_simt<float, SimtTile<32, 32, 32, 32, 16, 4, 4>, true>(v, "simt32x32x32", DType::Float32);
-  add_simt<float, SimtTile<32, 64, 32, 32, 32, 4, 8>, true>(v, "simt32x64x32", DType::Float32);
+  add_simt<float, SimtTile<16, 64, 64, 16, 32, 4, 4>, true>(v, "simt16x64x64", DType::Float32);
+  add_simt<float, SimtTile<32, 32, 64, 32, 16, 4, 4>, true>(v, "simt32x32x64", DType::Float32);
+  add_simt<float, SimtTile<128, 256, 16, 64, 64, 8, 16>, false>(v, "simt128x256x16_scalar", DType::Float32);
   add_simt<float, SimtTile<256, 128, 8, 64, 64, 16, 8>, false>(v, "simt256x128x8_scalar", DType::Float32);
   add_simt<float, SimtTile<64, 64, 16, 32, 32, 4, 8>, true>(v, "simt64x64x16", DType::Float32);
   add_simt<float, SimtTile<128, 128, 8, 64, 32, 8, 8>, false>(v, "simt128x128x8_scalar", DType::Float32);

@@ -39,6 +39,14 @@ if [ "${1:-}" = gemm ]; then
   timeout ${GEMM_TIMEOUT:-240} /tmp/gemm_tune ${GEMM_ARGS:-} > "$OUT/gemm-tune.txt" 2>&1
   echo "gemm_tune rc=$?"
   head -3 "$OUT/gemm-tune.txt"; grep -vE "^(ok  |device:|wgmma path)" "$OUT/gemm-tune.txt" | tail -${GEMM_TAIL:-140}
+  if [ -n "${GEMM_LIB:-}" ]; then
+    # The op library by the JIT route: a 9.0 GPU must get sm_90a SASS (wgmma) plus portable compute_90 PTX.
+    python3 -c "import opforge, opforge.build as b; c = b.library_config(); print('archs', c.cuda_archs, [f for f in c.cuda_cflags if 'gencode' in f]); print(opforge.library)" 2>&1 | tee "$OUT/gemm-lib.log" | tail -3
+    so=$(python3 -c "import opforge; print(opforge.library.path)" 2>/dev/null)
+    echo "library: $(cuobjdump -lelf "$so" | grep -oE 'sm_[0-9]+a?' | sort | uniq -c | tr '\n' ' ')| PTX: $(cuobjdump -lptx "$so" | grep -oE 'sm_[0-9]+a?' | sort -u | tr '\n' ' ')| HGMMA: $(cuobjdump -sass "$so" | grep -c HGMMA)"
+    python3 -m pytest tests/test_doctor.py tests/test_prebuilt.py -q -p no:cacheprovider 2>&1 | tail -2
+    python3 -m pytest tests/test_build.py -q -p no:cacheprovider -k "cuda_archs or gencode or sm_90a" 2>&1 | tail -2
+  fi
   if [ -n "${GEMM_SANITIZE:-}" ]; then
     timeout 120 compute-sanitizer --tool memcheck /tmp/gemm_tune --quick --no-time > "$OUT/gemm-sanitize.txt" 2>&1
     echo "sanitize rc=$?: $(tail -2 "$OUT/gemm-sanitize.txt" | tr '\n' ' ')"

@@ -18,14 +18,29 @@
 
 namespace opforge::gemm {
 
+template <class Tile>
+inline int64_t tiles_of(const Problem& p) {
+  return ceil_div(p.M, Tile::BM) * ceil_div(p.N, Tile::BN);
+}
+
 // ---- float32 / float64 on the CUDA cores (gemm_simt.cuh)
-// 256 x 128 CTA tile, 64 x 64 warp tile, 16 x 8 outputs a thread, K-slices of 8.
-using SimtLarge = SimtTile<256, 128, 8, 64, 64, 16, 8>;
+// 128 x 256 CTA tile, 64 x 64 warp tile, 8 x 16 outputs a thread, K-slices of 16.
+using SimtLarge = SimtTile<128, 256, 16, 64, 64, 8, 16>;
 // 64 x 64, for grids that large tiles would leave short of one CTA per SM.
 using SimtSmall = SimtTile<64, 64, 16, 32, 32, 4, 8>;
-// A few rows (M <= 32): narrow tiles, long K-slices, many CTAs streaming B.
-using SimtSkinny = SimtTile<32, 64, 32, 32, 32, 4, 8>;
+// A few rows: narrow tiles, long K-slices, many CTAs streaming B.
+using SimtSkinny16 = SimtTile<16, 64, 64, 16, 32, 4, 4>;
+using SimtSkinny32 = SimtTile<32, 32, 32, 32, 16, 4, 4>;
 using SimtF64 = SimtTile<64, 64, 8, 32, 32, 4, 8>;
+
+template <bool kVec>
+inline const char* dispatch_f32(const Problem& p, const DeviceInfo& info, cudaStream_t s) {
+  // Large tiles while they fill at least 90 % of the SMs; then narrow ones.
+  if (tiles_of<SimtLarge>(p) * 10 >= int64_t{info.sms} * 9) return launch_simt<float, float, SimtLarge, kVec>(p, info.sms, s);
+  if (p.M <= 16) return launch_simt<float, float, SimtSkinny16, kVec>(p, info.sms, s);
+  if (p.M <= 32) return launch_simt<float, float, SimtSkinny32, kVec>(p, info.sms, s);
+  return launch_simt<float, float, SimtSmall, kVec>(p, info.sms, s);
+}
 
 // ---- float16 / bfloat16 through mma.sync (gemm_mma.cuh)
 using MmaLarge = MmaTile<128, 128, 64, 32, 4>;
@@ -39,11 +54,6 @@ using WgmmaSmallM = WgmmaTile<64, 128, 8, 1>;
 using WgmmaPackedLarge = WgmmaTile<128, 256, 4, 2, false>;
 using WgmmaPackedMedium = WgmmaTile<128, 128, 6, 2, false>;
 using WgmmaPackedSmallM = WgmmaTile<64, 128, 8, 1, false>;
-
-template <class Tile>
-inline int64_t tiles_of(const Problem& p) {
-  return ceil_div(p.M, Tile::BM) * ceil_div(p.N, Tile::BN);
-}
 
 template <typename T>
 inline const char* dispatch_half(const Problem& p, const DeviceInfo& info, cudaStream_t s) {
@@ -77,18 +87,8 @@ inline const char* dispatch(DType dtype, const Problem& p, cudaStream_t s) {
   DeviceInfo info;
   if (const char* err = device_info(info)) return err;
   switch (dtype) {
-    case DType::Float32: {
-      // Large tiles while they fill at least 90 % of the SMs; then narrow ones.
-      const bool large = tiles_of<SimtLarge>(p) * 10 >= int64_t{info.sms} * 9;
-      if (simt_vec_ok(p)) {
-        if (large) return launch_simt<float, float, SimtLarge, true>(p, info.sms, s);
-        if (p.M <= 32) return launch_simt<float, float, SimtSkinny, true>(p, info.sms, s);
-        return launch_simt<float, float, SimtSmall, true>(p, info.sms, s);
-      }
-      if (large) return launch_simt<float, float, SimtLarge, false>(p, info.sms, s);
-      if (p.M <= 32) return launch_simt<float, float, SimtSkinny, false>(p, info.sms, s);
-      return launch_simt<float, float, SimtSmall, false>(p, info.sms, s);
-    }
+    case DType::Float32:
+      return simt_vec_ok(p) ? dispatch_f32<true>(p, info, s) : dispatch_f32<false>(p, info, s);
     case DType::Float64:
       return launch_simt<double, double, SimtF64, false>(p, info.sms, s);
     case DType::Float16:
