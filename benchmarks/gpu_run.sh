@@ -5,6 +5,10 @@
 #   bash benchmarks/gpu_run.sh kernels  # tune the elementwise kernels, their CUDA tests, bench vs eager
 #   bash benchmarks/gpu_run.sh routes   # build speed; a CUDA wheel in a venv (prebuilt library) with the
 #                                       # op tests; the inline, pybind and folder routes' tests
+#   bash benchmarks/gpu_run.sh memlimit # issue 6's targets in one call: sigmoid forms and small-size
+#                                       # tuning, bench at 2^26/2^28 vs eager and static compile,
+#                                       # host/device time of small calls, LLTM
+#   bash benchmarks/gpu_run.sh cudatests # every CUDA-marked test, in groups (TESTS="..." to choose)
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -65,6 +69,27 @@ final)
   opforge bench sigmoid axpby --device cuda --seed 1 --budget 0.1 --json "$OUT/bench-final.json" 2>&1 | tee "$OUT/bench-final.log" \
     | grep -E "2\^(26) "
   opforge profile lltm_forward --sanitize 2>&1 | tail -8 > "$OUT/sanitize-lltm.txt"; tail -3 "$OUT/sanitize-lltm.txt"
+  ;;
+memlimit)
+  # At most 8 files come back from $OUT: tune.txt, pytest.log, bench.json, bench.log, small.json, lltm.json, lltm-graph.json.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 120 /tmp/elementwise_tune sigmoid small 2>&1 | tee "$OUT/tune.txt"
+  python3 benchmarks/host_overhead.py 2>&1 | tee -a "$OUT/tune.txt"
+  timeout 200 python3 -m opforge bench add add_out square sigmoid sigmoid_backward axpby axpby_backward --device cuda --seed 1 --sweep \
+    --case 2^26,2^28 --budget ${BUDGET:-0.12} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; grep -E "^│ " "$OUT/bench.log" | cut -c1-150
+  timeout 60 python3 -m opforge bench add --device cuda --seed 1 --graph --sweep --case 2^12,2^14,2^16 --dtype float32 --budget 0.1 --no-compile \
+    --json "$OUT/small.json" 2>&1 | grep -E "2\^1[246] "
+  timeout 90 python3 examples/lltm/bench.py --device cuda --budget 0.2 --json "$OUT/lltm.json" 2>&1 | tail -6
+  timeout 60 python3 examples/lltm/bench.py --device cuda --budget 0.2 --graph --no-compile --json "$OUT/lltm-graph.json" 2>&1 | tail -5
+  ;;
+cudatests)
+  # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
+  for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
+      "tests/test_docs.py tests/test_profile.py" "tests/test_inline.py tests/test_build.py tests/test_doctor.py tests/test_cli.py"}; do
+    echo "== $t"
+    timeout ${GROUP_TIMEOUT:-240} python3 -m pytest $t -q -p no:cacheprovider -m cuda 2>&1 | tee -a "$OUT/pytest.log" | tail -4
+  done
   ;;
 routes)
   [ -n "${SKIP_SPEED:-}" ] || python3 benchmarks/build_speed.py --json "$OUT/build-speed.json" 2>&1 | tee "$OUT/build-speed.log"

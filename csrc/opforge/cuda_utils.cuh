@@ -151,6 +151,13 @@ __global__ void __launch_bounds__(Threads) elementwise_kernel(Pointers<T, NIN, N
   }
   using VecT = Vec<T, V>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * Threads * Unroll;
+  // The grid covers the data (grid_for), so a thread makes one pass: the loop
+  // is only for grids past CUDA's limit. `unroll 1`, because otherwise the
+  // compiler unrolls it by 4 and, to do so, divides (nvec - base) by step, a
+  // 64-bit division (~40 dependent instructions) before the first load: at
+  // 2^12-2^16 elements that made add's kernel 1.11 us against torch's 0.89
+  // (H200, CUPTI kernel durations, benchmarks/host_overhead.py).
+#pragma unroll 1
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * Threads * Unroll + threadIdx.x; base < nvec;
        base += step) {
     // All loads first: Unroll * NIN independent 16-byte loads in flight.

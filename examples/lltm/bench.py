@@ -16,6 +16,7 @@ L2 flushed before each call, median and IQR, stop at 1 % spread or the budget).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from collections.abc import Callable
@@ -95,7 +96,9 @@ def main() -> int:
             line += "".join(f"{row[k] / ours:>11.2f}x" if row[k] and ours else f"{'-':>12}" for k in impls if k != "opforge")
             print(line)
     if args.json:
-        args.json.write_text(json.dumps({"device": name, "torch": torch.__version__, "results": results}, indent=1) + "\n")
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": date, "results": results}
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0
 

@@ -327,6 +327,7 @@ class BenchOptions:
     graph: bool = False
     compile: bool = True
     sweep: bool = False
+    cases: Sequence[str] | None = None
     remeasure: bool = False
     json_path: Path | None = None
     csv_path: Path | None = None
@@ -363,6 +364,11 @@ def bench_table(report) -> Table:  # noqa: ANN001
     return table
 
 
+def _case_key(name: str) -> tuple[int, str]:
+    """Cases named 2^N sort by N; others after them, by name."""
+    return (int(name[2:]), "") if name.startswith("2^") and name[2:].isdigit() else (1 << 30, name)
+
+
 def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -378,7 +384,13 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
     with err.status(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})"):
         ceil = ceilings.load_or_measure(device, name, remeasure=opts.remeasure)
     report = bench.new_report(device, graph=opts.graph, ceilings=ceil)
-    total = sum(bench.count_cases(s, device, torch_dtypes, sweep=opts.sweep) for s in specs)
+    if opts.cases:
+        known = {n for s in specs for n in bench.case_names(s, device, sweep=opts.sweep)}
+        unknown = [c for c in opts.cases if c not in known]
+        if unknown:
+            what = "sweep cases" if opts.sweep else "cases"
+            raise SystemExit(f"opforge bench: no {what} named {', '.join(unknown)}; they are: {', '.join(sorted(known, key=_case_key))}")
+    total = sum(bench.count_cases(s, device, torch_dtypes, sweep=opts.sweep, only=opts.cases) for s in specs)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task("benchmarking", total=total)
@@ -391,7 +403,7 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
         for spec in specs:
             report.rows += bench.bench_op(
                 spec, device, seed=seed, dtypes=torch_dtypes, budget_s=opts.budget, graph=opts.graph,
-                compile=opts.compile, sweep=opts.sweep, ceilings=ceil, progress=step,
+                compile=opts.compile, sweep=opts.sweep, only=opts.cases, ceilings=ceil, progress=step,
             )  # fmt: skip
     out.print(bench_table(report))
     out.print(
@@ -437,6 +449,7 @@ def print_comparison(old, new) -> bool:  # noqa: ANN001
 def _bench_options(args: argparse.Namespace) -> BenchOptions:
     return BenchOptions(
         dtypes=args.dtype.split(","), budget=args.budget, graph=args.graph, compile=not args.no_compile, sweep=args.sweep,
+        cases=args.case.split(",") if args.case else None,
         remeasure=args.remeasure, json_path=args.json, csv_path=args.csv, plot_path=args.plot, compare_path=args.compare,
     )  # fmt: skip
 
@@ -557,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sp.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph (no launch overhead)")
         sp.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
         sp.add_argument("--sweep", action="store_true", help="every size the specs declare for sweeps, and a plot")
+        sp.add_argument("--case", default=None, help="comma-separated case names to run (e.g. 2^26,2^28 with --sweep); default: all")
         sp.add_argument("--remeasure", action="store_true", help="measure the machine's ceilings again")
         sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
         sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")
