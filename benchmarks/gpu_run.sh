@@ -83,7 +83,17 @@ memlimit)
   timeout 90 python3 examples/lltm/bench.py --device cuda --budget 0.2 --json "$OUT/lltm.json" 2>&1 | tail -6
   timeout 60 python3 examples/lltm/bench.py --device cuda --budget 0.2 --graph --no-compile --json "$OUT/lltm-graph.json" 2>&1 | tail -5
   ;;
-cudatests)
+recheck)
+  # After a kernel change: small-size device time, large sizes vs eager, then the CUDA tests.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 60 /tmp/elementwise_tune small 2>&1 | tee "$OUT/tune.txt"
+  python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" 2>&1 | grep -v Warn | tee -a "$OUT/tune.txt"
+  timeout 120 python3 -m opforge bench add square sigmoid axpby --device cuda --seed 1 --sweep --case 2^26,2^28 --budget 0.1 \
+    --no-compile --json "$OUT/bench-recheck.json" > "$OUT/bench-recheck.log" 2>&1
+  grep -E "^│ " "$OUT/bench-recheck.log" | cut -c1-120
+  GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} bash "$0" cudatests-only
+  ;;
+cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
       "tests/test_docs.py tests/test_profile.py" "tests/test_inline.py tests/test_build.py tests/test_doctor.py tests/test_cli.py"}; do

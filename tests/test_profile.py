@@ -387,7 +387,7 @@ def test_profile_add_end_to_end(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert profile_op("add", "2^20", "float32", False) == 0
     text = capsys.readouterr().out
-    assert "binary_kernel<float, AddOp>" in text and "duration us" in text and " x 256" in text
+    assert "elementwise_kernel" in text and "AddOp" in text and "duration us" in text and " x 256" in text
     assert list(tmp_path.iterdir()) == []  # nothing kept without --full
     assert profile_op("add", None, "float16", True) == 0
     text = capsys.readouterr().out

@@ -192,6 +192,36 @@ __global__ void __launch_bounds__(Threads) elementwise_kernel(Pointers<T, NIN, N
   }
 }
 
+// The common case on its own: every pointer 16-byte aligned, n a multiple of
+// V, fewer than 2^31 vectors. No head or tail, no loop (the grid covers the
+// data) and 32-bit indices: the fewest instructions before the first load,
+// which is what a small call's device time is made of. At 2^12-2^16 float32
+// elements the general kernel's add took 0.97-1.03 us a call against torch's
+// 0.88-0.99 (H200, CUPTI kernel durations): its block-0 head/tail branch and
+// 64-bit index arithmetic come before the loads.
+template <typename T, int V, int NIN, int NOUT, int Threads, typename F>
+__global__ void __launch_bounds__(Threads) elementwise_kernel_aligned(Pointers<T, NIN, NOUT> p, uint32_t nvec, F f) {
+  using VecT = Vec<T, V>;
+  const uint32_t j = blockIdx.x * Threads + threadIdx.x;
+  if (j >= nvec) return;
+  VecT in[NIN];
+#pragma unroll
+  for (int k = 0; k < NIN; ++k) in[k] = reinterpret_cast<const VecT*>(p.in[k])[j];
+  VecT out[NOUT];
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    opmath_t<T> x[NIN];
+    opmath_t<T> y[NOUT];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = to_opmath(in[k].v[e]);
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < NOUT; ++k) out[k].v[e] = from_opmath<T>(y[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < NOUT; ++k) reinterpret_cast<VecT*>(p.out[k])[j] = out[k];
+}
+
 // Launches elementwise_kernel over n elements: 16-byte vectors when every
 // pointer has the same offset modulo 16 bytes, else one element at a time.
 // Threads, Unroll and blocks_per_sm are parameters only for the tuning
@@ -208,7 +238,11 @@ const char* launch_elementwise(const Pointers<T, NIN, NOUT>& p, int64_t n, void*
 #pragma unroll
   for (int k = 0; k < NOUT; ++k) aligned = aligned && reinterpret_cast<uintptr_t>(p.out[k]) % 16 == offset;
   const auto s = static_cast<cudaStream_t>(stream);
-  if (aligned) {
+  if (aligned && offset == 0 && n > 0 && n % V == 0 && n / V <= INT32_MAX && Unroll == 1 && blocks_per_sm == kBlocksPerSm) {
+    const int64_t nvec = n / V;
+    const auto blocks = static_cast<unsigned>((nvec + Threads - 1) / Threads);
+    elementwise_kernel_aligned<T, V, NIN, NOUT, Threads><<<blocks, Threads, 0, s>>>(p, static_cast<uint32_t>(nvec), f);
+  } else if (aligned) {
     int64_t head = static_cast<int64_t>((16 - offset) % 16 / sizeof(T));
     head = head < n ? head : n;
     const int64_t nvec = (n - head) / V;
