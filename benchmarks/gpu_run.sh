@@ -20,6 +20,9 @@ OUT=${OUT:-/tmp/opforge-out}
 export CXX=${OPFORGE_GPU_CXX:-g++} CC=${OPFORGE_GPU_CC:-gcc} CUDAHOSTCXX=${OPFORGE_GPU_CXX:-g++}
 mkdir -p "$OUT"
 opforge() { python3 -m opforge "$@"; }
+# The device tool's copy of the tree has no history of its own: the commit it was made from
+# comes along in .gpu-commit (carried; written by `git rev-parse HEAD`, +dirty for local edits).
+[ -f .gpu-commit ] && export OPFORGE_GIT_COMMIT=$(cat .gpu-commit)
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
