@@ -95,6 +95,24 @@ def test_bench_times_it(package, env):
 
 
 @pytest.mark.slow
+def test_bench_times_the_package_through_the_eager_fast_path(package, env):
+    # What `opforge bench DIR` does before loading the package (the CLI runs with
+    # OPFORGE_NO_AUTOLOAD=1): without it, the package's functions would go through torch.ops.
+    root, _, _ = package
+    code = (
+        "from opforge import cli; from opforge.project import load_project; "
+        f"specs = load_project({str(root)!r}); print('before', specs[0].function._opforge_fast is not None)"
+    )
+    res = run(env, "-c", code)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ["before", "False"]  # the premise: no fast path without opforge's library
+    code = code.replace("specs = load_project", "cli._fast_path_for_packages(); specs = load_project").replace("'before'", "'after'")
+    res = run(env, "-c", code)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ["after", "True"]
+
+
+@pytest.mark.slow
 def test_the_generated_tests_pass(package, env):
     root, _, _ = package
     res = run(env, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests"), cwd=root)
