@@ -52,25 +52,15 @@ struct SquareOp {
   }
 };
 
-__device__ __forceinline__ float ex2_approx(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-__device__ __forceinline__ float rcp_approx(float v) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
 // The three forms of sigmoid compared (in float32 opmath; the 2-byte types convert around them).
 struct SigmoidLibmDiv {  // torch's own form: expf and the IEEE division
   __device__ float operator()(float x) const { return 1.0f / (1.0f + expf(-x)); }
 };
 struct SigmoidLibmRcp {  // the float32 kernel's: expf, approximate reciprocal
-  __device__ float operator()(float x) const { return rcp_approx(1.0f + expf(-x)); }
+  __device__ float operator()(float x) const { return cu::rcp_approx(1.0f + expf(-x)); }
 };
 struct SigmoidApprox {  // the 2-byte kernels': ex2 and rcp approximations
-  __device__ float operator()(float x) const { return rcp_approx(1.0f + ex2_approx(-1.4426950408889634f * x)); }
+  __device__ float operator()(float x) const { return cu::rcp_approx(1.0f + cu::ex2_approx(-1.4426950408889634f * x)); }
 };
 
 template <typename T>

@@ -48,6 +48,21 @@ __device__ __forceinline__ float from_opmath<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ double from_opmath<double>(double x) { return x; }
 
+// One-instruction approximations (MUFU): 2^v and 1/v, each within 2 ulp of
+// float32 per the PTX ISA; .ftz flushes subnormal inputs and results to zero.
+// For ops that round the result to a 2-byte type, or that bound the error
+// themselves (sigmoid's comment says how).
+__device__ __forceinline__ float ex2_approx(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ float rcp_approx(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
 // ---------------------------------------------------------------------------
 // Elementwise kernels: NIN inputs, NOUT outputs, one dtype, contiguous memory.
 //
@@ -134,6 +149,21 @@ __device__ __forceinline__ void apply_one(const Pointers<T, NIN, NOUT>& p, int64
   for (int k = 0; k < NOUT; ++k) p.out[k][i] = from_opmath<T>(y[k]);
 }
 
+// V elements of each of NIN input vectors through f, into NOUT output vectors.
+template <typename T, int V, int NIN, int NOUT, typename F>
+__device__ __forceinline__ void apply_vec(const Vec<T, V> (&in)[NIN], Vec<T, V> (&out)[NOUT], const F& f) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    opmath_t<T> x[NIN];
+    opmath_t<T> y[NOUT];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = to_opmath(in[k].v[e]);
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < NOUT; ++k) out[k].v[e] = from_opmath<T>(y[k]);
+  }
+}
+
 // Elements [0, head) and [head + nvec * V, n) one by one; [head, head + nvec * V)
 // as nvec vectors of V elements, whose addresses are multiples of V elements.
 template <typename T, int V, int NIN, int NOUT, int Threads, int Unroll, typename F>
@@ -175,16 +205,7 @@ __global__ void __launch_bounds__(Threads) elementwise_kernel(Pointers<T, NIN, N
       const int64_t j = base + static_cast<int64_t>(u) * Threads;
       if (j < nvec) {
         VecT out[NOUT];
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          opmath_t<T> x[NIN];
-          opmath_t<T> y[NOUT];
-#pragma unroll
-          for (int k = 0; k < NIN; ++k) x[k] = to_opmath(in[u][k].v[e]);
-          f(x, y);
-#pragma unroll
-          for (int k = 0; k < NOUT; ++k) out[k].v[e] = from_opmath<T>(y[k]);
-        }
+        apply_vec(in[u], out, f);
 #pragma unroll
         for (int k = 0; k < NOUT; ++k) reinterpret_cast<VecT*>(p.out[k] + head)[j] = out[k];
       }
@@ -208,16 +229,7 @@ __global__ void __launch_bounds__(Threads) elementwise_kernel_aligned(Pointers<T
 #pragma unroll
   for (int k = 0; k < NIN; ++k) in[k] = reinterpret_cast<const VecT*>(p.in[k])[j];
   VecT out[NOUT];
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    opmath_t<T> x[NIN];
-    opmath_t<T> y[NOUT];
-#pragma unroll
-    for (int k = 0; k < NIN; ++k) x[k] = to_opmath(in[k].v[e]);
-    f(x, y);
-#pragma unroll
-    for (int k = 0; k < NOUT; ++k) out[k].v[e] = from_opmath<T>(y[k]);
-  }
+  apply_vec(in, out, f);
 #pragma unroll
   for (int k = 0; k < NOUT; ++k) reinterpret_cast<VecT*>(p.out[k])[j] = out[k];
 }

@@ -20,25 +20,14 @@ namespace {
 //    in all, inside the spec's 2e-6. .ftz: results under 2^-126 (x < -87)
 //    become 0, an absolute error under 1.2e-38.
 //  - float64: the exact formula (it serves gradcheck, not speed).
-__device__ __forceinline__ float ex2_approx(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-__device__ __forceinline__ float rcp_approx(float v) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-
 template <typename T>
 struct SigmoidOp {
   __device__ float operator()(float x) const {
     constexpr float kLog2e = 1.4426950408889634f;
     if constexpr (sizeof(T) == 2) {
-      return rcp_approx(1.0f + ex2_approx(-kLog2e * x));
+      return cuda::rcp_approx(1.0f + cuda::ex2_approx(-kLog2e * x));
     } else {
-      return rcp_approx(1.0f + expf(-x));
+      return cuda::rcp_approx(1.0f + expf(-x));
     }
   }
   __device__ double operator()(double x) const { return 1.0 / (1.0 + exp(-x)); }
