@@ -382,17 +382,23 @@ def bench_op(
                 row.floor_us = ceilings.floor_us(cost.bytes, cost.flops, dname)
             sets = input_sets(sample, timer.l2_bytes, gen)
             impls: dict[str, Callable[..., Any] | None] = {"opforge": spec.function, "eager": spec.reference, "compiled": compiled}
+            impls.update(dict.fromkeys(spec.baselines))
             for impl, fn in impls.items():
+                impl_sets: Sequence[Sample] = sets
+                if impl in spec.baselines:
+                    made = [spec.baselines[impl](s) for s in sets]
+                    fn, impl_sets = made[0][0], [m[1] for m in made]
                 if fn is None:
                     row.timings[impl], row.notes[impl] = None, "not asked (--no-compile)"
                     continue
                 try:
-                    row.timings[impl] = time_fn(fn, sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
+                    row.timings[impl] = time_fn(fn, impl_sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
                 except Exception as exc:
                     if impl == "opforge":
                         raise
                     row.timings[impl] = None
                     row.notes[impl] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+                del impl_sets
             rows.append(row)
             del sets
     return rows
