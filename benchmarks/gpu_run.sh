@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_run.sh kernels  # tune the elementwise kernels, their CUDA tests, bench vs eager
 #   bash benchmarks/gpu_run.sh routes   # build speed; a CUDA wheel in a venv (prebuilt library) with the
 #                                       # op tests; the inline, pybind and folder routes' tests
+#   bash benchmarks/gpu_run.sh qqq      # issue 8: qqq_tune.cu (bit-exact checks, tile/split sweep), the W4A8
+#                                       # op's CUDA tests, its sanitizer run, bench vs fp16 matmul, summary table
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -82,5 +84,17 @@ routes)
     "$OLDPWD/tests/test_ops.py" "$OLDPWD/tests/test_layout.py" 2>&1 | tee "$OUT/pytest-prebuilt.log" | tail -3)
   [ -n "${SKIP_SPEED:-}" ] || python3 -m pytest -q -p no:cacheprovider tests/test_inline.py tests/test_cli.py tests/test_prebuilt.py \
     -k "not fresh_venv" 2>&1 | tee "$OUT/pytest-routes.log" | tail -3
+  ;;
+qqq)
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+    && timeout ${QQQ_TUNE_S:-150} /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1
+  echo "qqq_tune rc=$?"; grep -E "^(check|FAIL|device|all checks)" "$OUT/qqq-tune.txt" | head -20
+  timeout ${QQQ_TEST_S:-150} python3 -m pytest tests/test_qqq.py tests/test_ops.py -k "qqq" -q -p no:cacheprovider -x \
+    2>&1 | tee "$OUT/pytest-qqq.log" | tail -3
+  [ -n "${QQQ_SANITIZE:-}" ] && { opforge profile qqq_gemm --sanitize 2>&1 | tail -6 > "$OUT/sanitize-qqq.txt"; tail -2 "$OUT/sanitize-qqq.txt"; }
+  timeout ${QQQ_BENCH_S:-200} python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.1} \
+    --no-compile --json "$OUT/bench-qqq.json" > "$OUT/bench-qqq.log" 2>&1
+  echo "bench rc=$?"
+  python3 benchmarks/qqq_summary.py "$OUT/bench-qqq.json"
   ;;
 esac

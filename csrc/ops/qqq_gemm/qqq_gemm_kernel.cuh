@@ -52,7 +52,6 @@ struct Config {
   static constexpr int ACC = MBW * 4 * 4;  // int32 accumulators per thread
   static constexpr int RED = (WK - 1) * WM * WN * ACC * 32 * 4;
   static constexpr int SMEM = STAGE * STAGES > RED ? STAGE * STAGES : RED;
-  static_assert(B_STAGE % (16 * kThreads) == 0, "whole cp.async rounds for B");
 };
 
 struct Params {
@@ -147,8 +146,9 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Param
     uint8_t* sG = sA + C::A_STAGE;
     const int kb0 = it * C::KU;
 #pragma unroll
-    for (int i = 0; i < C::B_STAGE / 16 / kThreads; ++i) {
+    for (int i = 0; i < (C::B_STAGE / 16 + kThreads - 1) / kThreads; ++i) {
       const int c = i * kThreads + threadIdx.x;
+      if (C::B_STAGE / 16 % kThreads != 0 && c >= C::B_STAGE / 16) break;
       const int s = c / (C::KU * 32);
       const int u = (c / 32) % C::KU;
       const int nb = n0 / 32 + s;
