@@ -87,14 +87,19 @@ routes)
   ;;
 qqq)
   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
-    && timeout ${QQQ_TUNE_S:-150} /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1
+    && timeout ${QQQ_TUNE_S:-80} /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1
   echo "qqq_tune rc=$?"; grep -E "^(check|FAIL|device|all checks)" "$OUT/qqq-tune.txt" | head -20
-  timeout ${QQQ_TEST_S:-150} python3 -m pytest tests/test_qqq.py tests/test_ops.py -k "qqq" -q -p no:cacheprovider -x \
-    2>&1 | tee "$OUT/pytest-qqq.log" | tail -3
-  [ -n "${QQQ_SANITIZE:-}" ] && { opforge profile qqq_gemm --sanitize 2>&1 | tail -6 > "$OUT/sanitize-qqq.txt"; tail -2 "$OUT/sanitize-qqq.txt"; }
-  timeout ${QQQ_BENCH_S:-200} python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.1} \
+  timeout ${QQQ_TEST_S:-75} python3 -m pytest tests/test_qqq.py tests/test_ops.py -k "qqq" -q -p no:cacheprovider \
+    > "$OUT/pytest-qqq.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/pytest-qqq.log"
+  timeout ${QQQ_BENCH_S:-60} python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.1} \
     --no-compile --json "$OUT/bench-qqq.json" > "$OUT/bench-qqq.log" 2>&1
   echo "bench rc=$?"
+  timeout ${QQQ_EXAMPLE_S:-90} python3 examples/qqq_gemm/run.py --device cuda > "$OUT/example-qqq-cuda.log" 2>&1
+  echo "example rc=$?"; grep -E "^(built|check|MLP|  time|qqq_gemm:|FAILED)" "$OUT/example-qqq-cuda.log" | tail -14
+  for tool in memcheck racecheck synccheck; do
+    timeout ${QQQ_SANITIZE_S:-20} compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -3 | sed "s/^/$tool: /"
+  done > "$OUT/sanitize-qqq.txt"; cat "$OUT/sanitize-qqq.txt"
+  grep -E "^(op |device copy)" "$OUT/qqq-tune.txt"
   python3 benchmarks/qqq_summary.py "$OUT/bench-qqq.json"
   ;;
 esac

@@ -9,9 +9,12 @@
 //   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
 //        benchmarks/qqq_tune.cu -o /tmp/qqq_tune && /tmp/qqq_tune
 //
-// Times: CUDA events around the kernel alone, a 256 MB buffer written before
-// each call (L2 flushed: the weights come from DRAM), median of 25 calls
-// after 3 warm-ups. Prints "FAIL" lines and exits 1 on any mismatch.
+// Times: CUDA events around the call alone (plan, counter memset and kernel),
+// median of 25 calls after 3 warm-ups, the L2 flushed before each call by
+// writing 256 MB ("dirty", as opforge bench does) or by reading 256 MB
+// ("clean"); the op's launcher is also timed without a flush. Prints "FAIL"
+// lines and exits 1 on any mismatch. `--check-only`: the op configurations'
+// checks alone; `--sanitize`: a few small ones (for compute-sanitizer).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -24,7 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "ops/qqq_gemm/qqq_gemm_kernel.cuh"
+// The op's launcher in this translation unit: its configurations, its plan
+// (qqq_gemm_cuda) and the kernel templates.
+#include "ops/qqq_gemm/qqq_gemm_kernel.cu"
 
 using namespace opforge;
 using qqq::Config;
@@ -39,6 +44,8 @@ using qqq::Config;
   } while (0)
 
 static int g_failures = 0;
+// --sanitize: a few small cases per configuration, for compute-sanitizer's slow tools.
+static bool g_light = false;
 
 struct Problem {
   int M, K, N, gs;  // gs = -1: per channel
@@ -150,8 +157,8 @@ static QqqGemmArgs args_of(const Problem& p, Device& d, DType out_dtype) {
 }
 
 template <class C>
-static const char* run(const Problem& p, Device& d, DType dt, int force_splits, int fixed_stages, int sms, qqq::Plan* used = nullptr) {
-  const qqq::Plan plan = qqq::make_plan<C>(p.M, p.N, p.K, sms, force_splits, fixed_stages);
+static const char* run(const Problem& p, Device& d, DType dt, int force_splits, int sms, qqq::Plan* used = nullptr) {
+  const qqq::Plan plan = qqq::make_plan<C>(p.M, p.N, p.K, sms, force_splits);
   if (used) *used = plan;
   if (static_cast<size_t>(plan.workspace_bytes()) > d.ws_bytes) {
     if (d.ws) CHECK(cudaFree(d.ws));
@@ -175,16 +182,20 @@ static void check_config(const char* name, int sms) {
       {3, 1024, 96, -1, true},  {64, 1024, 64, 128, true},   {17, 0, 64, -1, false},      {129, 2048, 416, 128, false},
   };
   int n_ok = 0, n_runs = 0;
+  int index = -1;
   for (const Case& c : cases) {
+    ++index;
+    if (g_light && index != 1 && index != 2 && index != 9) continue;
     const Problem p = make_problem(c.M, c.K, c.N, c.gs, 1234u + c.M * 7 + c.K + c.N, c.extremes);
     const std::vector<float> ref = reference(p);
     for (DType dt : {DType::Float32, DType::Float16}) {
+      if (g_light && dt == DType::Float16) continue;
       Device d = upload(p, dt);
       for (int force : {0, 1, 3}) {
         ++n_runs;
         qqq::Plan plan;
         CHECK(cudaMemset(d.out, 0xFF, static_cast<size_t>(p.M) * p.N * (dt == DType::Float32 ? 4 : 2)));  // NaN poison
-        const char* err = run<C>(p, d, dt, force, 2, sms, &plan);
+        const char* err = run<C>(p, d, dt, force, sms, &plan);
         CHECK(cudaDeviceSynchronize());
         if (err) {
           std::printf("FAIL %s M=%d K=%d N=%d gs=%d: launch error %s\n", name, c.M, c.K, c.N, c.gs, err);
@@ -225,7 +236,7 @@ static void check_config(const char* name, int sms) {
     p.sg[1 * 64 + 5] = 17;
     Device d = upload(p, DType::Float32);
     for (int force : {1, 2}) {
-      const char* err = run<C>(p, d, DType::Float32, force, 2, sms);
+      const char* err = run<C>(p, d, DType::Float32, force, sms);
       CHECK(cudaDeviceSynchronize());
       std::vector<float> got(static_cast<size_t>(p.M) * p.N);
       CHECK(cudaMemcpy(got.data(), d.out, got.size() * 4, cudaMemcpyDeviceToHost));
@@ -243,20 +254,81 @@ static void check_config(const char* name, int sms) {
   std::printf("check %-28s %d/%d runs bit-exact (f32 and f16 outputs, splits auto/1/3, NaN on a bad group scale)\n", name, n_ok, n_runs);
 }
 
+// The op's launcher itself (configuration and splits chosen per call) on the same cases.
+static void check_op_launcher(int sms) {
+  (void)sms;
+  const int cases[][4] = {{1, 8192, 256, -1}, {16, 4096, 1024, 128}, {33, 11008, 128, 128}, {59, 256, 1024, -1},
+                          {64, 1024, 512, 128}, {64, 1024, 512, -1}, {128, 1024, 4096, 128}, {200, 512, 96, -1}, {7, 0, 64, -1}};
+  int ok = 0, runs = 0;
+  for (const auto& c : cases) {
+    if (g_light && c[0] * static_cast<int64_t>(c[1]) * c[2] > (int64_t{1} << 24)) continue;
+    const Problem p = make_problem(c[0], c[1], c[2], c[3], 77u + c[0] + c[1]);
+    const std::vector<float> ref = reference(p);
+    Device d = upload(p, DType::Float32);
+    d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs > 0));
+    if (d.ws_bytes) CHECK(cudaMalloc(&d.ws, d.ws_bytes));
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be left as found
+      ++runs;
+      CHECK(cudaMemset(d.out, 0xFF, static_cast<size_t>(p.M) * p.N * 4));
+      const char* err = qqq_gemm_cuda(args_of(p, d, DType::Float32), nullptr);
+      CHECK(cudaDeviceSynchronize());
+      std::vector<float> got(ref.size());
+      CHECK(cudaMemcpy(got.data(), d.out, got.size() * 4, cudaMemcpyDeviceToHost));
+      const bool same = !err && std::memcmp(got.data(), ref.data(), got.size() * 4) == 0;
+      if (!same) {
+        std::printf("FAIL op launcher M=%d K=%d N=%d gs=%d: %s\n", p.M, p.K, p.N, p.gs, err ? err : "differs");
+        ++g_failures;
+      } else {
+        ++ok;
+      }
+    }
+    release(d);
+  }
+  std::printf("check %-28s %d/%d runs bit-exact\n", "op launcher (qqq_gemm_cuda)", ok, runs);
+}
+
 // --- timing ---
 
 static uint8_t* g_flush = nullptr;
+static uint32_t* g_sink = nullptr;
 constexpr size_t kFlushBytes = 256u << 20;
 
+// Reads n 16-byte words and writes nothing (unless a checksum matches a
+// constant it never matches): the streaming-read floor, and a flush that
+// leaves the L2 full of clean lines.
+__global__ void stream_read(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
+  uint32_t x = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+    x ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) x ^= p[i].x;
+  if (x == 0x9E3779B9u) *sink = x;
+}
+
+static int g_sms = 0;
+static void launch_stream_read(const void* p, size_t bytes) {
+  stream_read<<<g_sms * 4, 512>>>(static_cast<const uint4*>(p), bytes / 16, g_sink);
+}
+
+// Flush modes: "dirty" writes 256 MB (opforge bench's zero_(): the L2 is left
+// full of dirty lines that the timed kernel's reads must write back),
+// "clean" reads 256 MB (the L2 left full of clean lines), "none" (the
+// weights partly in L2 from the previous call).
+enum class Flush { Dirty, Clean, None };
+
 template <typename F>
-static float median_us(F launch, int reps = 25) {
+static float median_us(F launch, Flush flush = Flush::Dirty, int reps = 25) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   for (int i = 0; i < 3; ++i) launch();
   std::vector<float> ts;
   for (int i = 0; i < reps; ++i) {
-    CHECK(cudaMemsetAsync(g_flush, i & 0xFF, kFlushBytes));
+    if (flush == Flush::Dirty) CHECK(cudaMemsetAsync(g_flush, i & 0xFF, kFlushBytes));
+    if (flush == Flush::Clean) launch_stream_read(g_flush, kFlushBytes);
     CHECK(cudaEventRecord(e0));
     launch();
     CHECK(cudaEventRecord(e1));
@@ -276,7 +348,7 @@ static double g_copy_gbps = 0;
 // The timed problems share one weight per (K, N, scheme) and one activation
 // per M, made once on the host and uploaded (K = N = 8192 is 67M weights).
 struct Timed {
-  Problem p;  // host copies only for the sizes; a, q, packed left empty after upload
+  Problem p;  // sizes only
   Device d;
 };
 
@@ -318,76 +390,88 @@ static Device make_weights(int K, int N, int gs) {
   return d;
 }
 
+static double floor_us(const Problem& p) { return (static_cast<double>(p.K) * p.N / 2) / (g_copy_gbps * 1e3); }
+
 template <class C>
-static void time_config(const char* name, Timed& t, int sms, const std::vector<int>& forced, int fixed_stages = 2) {
+static void time_config(const char* name, Timed& t, int sms, const std::vector<int>& forced) {
   const Problem& p = t.p;
-  const double floor_us = (static_cast<double>(p.K) * p.N / 2) / (g_copy_gbps * 1e3);
   for (int force : forced) {
     qqq::Plan plan;
-    const char* err = run<C>(p, t.d, DType::Float16, force, fixed_stages, sms, &plan);
+    const char* err = run<C>(p, t.d, DType::Float16, force, sms, &plan);
     CHECK(cudaDeviceSynchronize());
     if (err) {
       std::printf("FAIL time %s: %s\n", name, err);
       ++g_failures;
       continue;
     }
-    const float us = median_us([&] { run<C>(p, t.d, DType::Float16, force, fixed_stages, sms); });
-    std::printf("time K=%5d N=%5d M=%3d %-9s %-16s fixed=%d splits=%2d ctas=%5d %8.2f us %5.1f%% of weight floor\n", p.K, p.N, p.M,
-                p.gs > 0 ? "group128" : "channel", name, fixed_stages, plan.splits, plan.tiles_m * plan.tiles_n * plan.splits, us,
-                100.0 * floor_us / us);
+    const float us = median_us([&] { run<C>(p, t.d, DType::Float16, force, sms); });
+    std::printf("time K=%5d N=%5d M=%3d %-9s %-18s splits=%2d ctas=%5d %8.2f us %5.1f%% of weight floor\n", p.K, p.N, p.M,
+                p.gs > 0 ? "group128" : "channel", name, plan.splits, plan.tiles_m * plan.tiles_n * plan.splits, us,
+                100.0 * floor_us(p) / us);
   }
 }
 
-// Variants: <MBW, WM, WN, WK, UK, STAGES, MINB>
-using S_128x256 = Config<1, 1, 4, 2, 4, 4>;   // the op's M <= 16 choice
-using S_64x256 = Config<1, 1, 2, 4, 2, 4>;
-using S_128x128 = Config<1, 1, 4, 2, 2, 4>;
-using S_256x128 = Config<1, 1, 8, 1, 4, 4>;
-using S_128x256_3st = Config<1, 1, 4, 2, 4, 3>;
-using S_64x512 = Config<1, 1, 2, 4, 4, 4>;
-using M32_128x256 = Config<2, 1, 4, 2, 4, 4>;  // the op's M <= 32 choice
-using M32_64x256 = Config<2, 1, 2, 4, 2, 4>;
-using M32_wm2 = Config<1, 2, 4, 1, 4, 4>;
-using M64_wm2 = Config<2, 2, 4, 1, 4, 4>;      // the op's M <= 64 choice
-using M64_mbw4 = Config<4, 1, 4, 2, 2, 4, 1>;
-using M64_64n = Config<2, 2, 2, 2, 2, 4>;
-using L_128x64 = Config<2, 4, 2, 1, 4, 4>;     // the op's M > 64 choice
-using L_128x128 = Config<4, 2, 4, 1, 4, 4, 1>;
-using L_128x32 = Config<1, 8, 1, 1, 4, 4>;
-using L_128x64_bk256 = Config<2, 4, 2, 1, 8, 3>;
+// The op's own launcher under each flush, against reading the packed weights alone.
+static void time_op(Timed& t, float read_dirty, float read_clean) {
+  const Problem& p = t.p;
+  t.d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs > 0));
+  if (t.d.ws_bytes) CHECK(cudaMalloc(&t.d.ws, t.d.ws_bytes));
+  const QqqGemmArgs args = args_of(p, t.d, DType::Float16);
+  float us[3];
+  for (Flush f : {Flush::Dirty, Flush::Clean, Flush::None})
+    us[static_cast<int>(f)] = median_us([&] { qqq_gemm_cuda(args, nullptr); }, f);
+  std::printf("op   K=%5d N=%5d M=%3d %-9s dirty %7.2f us (%4.1f%% of floor, read-only %6.2f)  clean %7.2f us (%4.1f%%, "
+              "read-only %6.2f)  no flush %7.2f us\n",
+              p.K, p.N, p.M, p.gs > 0 ? "group128" : "channel", us[0], 100 * floor_us(p) / us[0], read_dirty, us[1],
+              100 * floor_us(p) / us[1], read_clean, us[2]);
+}
 
-int main() {
-  int sms = 0, dev = 0;
+// Informational variants (not the op's): <MBW, WM, WN, WK, UK, STAGES, MINB>
+using S_64x256 = Config<1, 1, 2, 4, 2, 4>;
+using S_64x512_3st = Config<1, 1, 2, 4, 4, 3>;
+using S_32x1024 = Config<1, 1, 1, 8, 4, 4>;
+using M32_64x512 = Config<2, 1, 2, 4, 4, 4>;
+using L_128x128_2cta = Config<4, 2, 4, 1, 4, 3, 2>;
+using L_64x128 = Config<2, 2, 4, 1, 4, 4>;
+
+int main(int argc, char** argv) {
+  g_light = argc > 1 && std::strcmp(argv[1], "--sanitize") == 0;
+  const bool check_only = g_light || (argc > 1 && std::strcmp(argv[1], "--check-only") == 0);
+  int dev = 0;
   CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, dev));
-  sms = prop.multiProcessorCount;
+  const int sms = g_sms = prop.multiProcessorCount;
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
 
-  check_config<S_128x256>("S_128x256", sms);
-  check_config<S_64x256>("S_64x256", sms);
-  check_config<M32_128x256>("M32_128x256", sms);
-  check_config<M32_wm2>("M32_wm2", sms);
-  check_config<M64_wm2>("M64_wm2", sms);
-  check_config<M64_mbw4>("M64_mbw4", sms);
-  check_config<L_128x64>("L_128x64", sms);
-  check_config<L_128x128>("L_128x128", sms);
-  check_config<L_128x64_bk256>("L_128x64_bk256", sms);
-  if (g_failures) {
-    std::printf("%d FAILURES in the checks: not timing\n", g_failures);
-    return 1;
+  check_config<Narrow>("Narrow (op, M<=16)", sms);
+  check_config<Wide>("Wide (op, M<=16)", sms);
+  check_config<M32>("M32 (op)", sms);
+  check_config<M64Channel>("M64Channel (op)", sms);
+  check_config<M64Group>("M64Group (op)", sms);
+  check_config<Large>("Large (op, M>64)", sms);
+  check_op_launcher(sms);
+  if (check_only || g_failures) {
+    std::printf(g_failures ? "%d FAILURES in the checks\n" : "all checks passed\n", g_failures);
+    return g_failures ? 1 : 0;
   }
+  check_config<S_32x1024>("S_32x1024", sms);
+  check_config<L_128x128_2cta>("L_128x128_2cta", sms);
 
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
+  CHECK(cudaMemset(g_flush, 1, kFlushBytes));
+  CHECK(cudaMalloc(&g_sink, 4));
   {
     const size_t bytes = size_t{1} << 30;
     void *src, *dst;
     CHECK(cudaMalloc(&src, bytes));
     CHECK(cudaMalloc(&dst, bytes));
     CHECK(cudaMemset(src, 1, bytes));
-    const float us = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+    const float us = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, Flush::Dirty, 10);
     g_copy_gbps = 2.0 * bytes / (us * 1e3);
-    std::printf("device copy: %.0f GB/s (bytes read + written)\n", g_copy_gbps);
+    const float read_us = median_us([&] { launch_stream_read(src, bytes); }, Flush::Clean, 10);
+    std::printf("device copy: %.0f GB/s (bytes read + written); streaming read of 1 GiB: %.0f GB/s\n", g_copy_gbps,
+                bytes / (read_us * 1e3));
     CHECK(cudaFree(src));
     CHECK(cudaFree(dst));
   }
@@ -397,42 +481,42 @@ int main() {
     const int K = s[0], N = s[1];
     for (int gs : {-1, 128}) {
       const Device weights = make_weights(K, N, gs);
+      const size_t wbytes = static_cast<size_t>(K) * N / 2;
+      const float read_dirty = median_us([&] { launch_stream_read(weights.w, wbytes); }, Flush::Dirty);
+      const float read_clean = median_us([&] { launch_stream_read(weights.w, wbytes); }, Flush::Clean);
+      for (int M : {1, 16, 32, 64, 128}) {
+        Timed t = make_timed(M, K, N, gs, weights);
+        time_op(t, read_dirty, read_clean);
+        release_timed(t);
+      }
       const std::vector<int> autos = {0};
       for (int M : {1, 16}) {
         Timed t = make_timed(M, K, N, gs, weights);
-        time_config<S_128x256>("S_128x256", t, sms, {0, 1, 2, 4});
-        time_config<S_128x256>("S_128x256", t, sms, autos, 0);
-        time_config<S_128x256>("S_128x256", t, sms, autos, 4);
+        time_config<Narrow>("Narrow", t, sms, autos);
+        time_config<Wide>("Wide", t, sms, {0, 1});
         time_config<S_64x256>("S_64x256", t, sms, autos);
-        time_config<S_128x128>("S_128x128", t, sms, autos);
-        time_config<S_256x128>("S_256x128", t, sms, autos);
-        time_config<S_128x256_3st>("S_128x256_3st", t, sms, autos);
-        time_config<S_64x512>("S_64x512", t, sms, autos);
+        time_config<S_64x512_3st>("S_64x512_3st", t, sms, autos);
+        time_config<S_32x1024>("S_32x1024", t, sms, autos);
         release_timed(t);
       }
       {
         Timed t = make_timed(32, K, N, gs, weights);
-        time_config<M32_128x256>("M32_128x256", t, sms, {0, 1, 2});
-        time_config<M32_64x256>("M32_64x256", t, sms, autos);
-        time_config<M32_wm2>("M32_wm2", t, sms, autos);
-        time_config<S_128x256>("S_128x256(M32)", t, sms, autos);
+        time_config<M32>("M32", t, sms, autos);
+        time_config<M32_64x512>("M32_64x512", t, sms, autos);
         release_timed(t);
       }
       {
         Timed t = make_timed(64, K, N, gs, weights);
-        time_config<M64_wm2>("M64_wm2", t, sms, {0, 1, 2});
-        time_config<M64_mbw4>("M64_mbw4", t, sms, autos);
-        time_config<M64_64n>("M64_64n", t, sms, autos);
-        time_config<M32_128x256>("M32_128x256(M64)", t, sms, autos);
+        time_config<M64Channel>("M64Channel", t, sms, autos);
+        time_config<M64Group>("M64Group", t, sms, autos);
+        time_config<L_64x128>("L_64x128", t, sms, autos);
         release_timed(t);
       }
       {
         Timed t = make_timed(128, K, N, gs, weights);
-        time_config<L_128x64>("L_128x64", t, sms, {0, 1, 2});
-        time_config<L_128x128>("L_128x128", t, sms, autos);
-        time_config<L_128x32>("L_128x32", t, sms, autos);
-        time_config<L_128x64_bk256>("L_128x64_bk256", t, sms, autos);
-        time_config<M64_wm2>("M64_wm2(M128)", t, sms, autos);
+        time_config<Large>("Large", t, sms, autos);
+        time_config<L_128x128_2cta>("L_128x128_2cta", t, sms, autos);
+        time_config<M64Channel>("M64Channel(M128)", t, sms, autos);
         release_timed(t);
       }
       for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})

@@ -197,10 +197,31 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Param
   uint32_t bad = 0;
   const bool stripe_ok = n0 / 32 + wn < NB;
 
+  // A group scale word (4 columns) -> the 4 scales and their multiply-add
+  // constants; a scale outside [1, 16] of a real unit (not zero-fill) marks the tile bad.
+  uint32_t gs_s[4] = {0, 0, 0, 0}, gs_c[4] = {0, 0, 0, 0};
+  auto group_scales = [&](const uint8_t* sG, int ku, int it) {
+    const uint32_t sg = *reinterpret_cast<const uint32_t*>(sG + ku * C::BN + wn * 32 + (lane / 4) * 4);
+    const bool valid = stripe_ok && it * C::KU + ku < KB;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      gs_s[j] = (sg >> (8 * j)) & 0xFFu;
+      if (valid) bad |= (gs_s[j] - 1u) > 15u;
+      gs_c[j] = (128u - 8u * gs_s[j]) * 0x01010101u;
+    }
+  };
+  // The warp's UK units of a stage start at a multiple of UK: when the group
+  // size is a multiple of UK * 32 they share one group, and the scales are
+  // read and unpacked once per stage instead of once per unit.
+  const bool one_group_per_stage = GROUPED && p.group_size % (C::UK * 32) == 0;
+
   auto compute_stage = [&](int slot, int it) {
     const uint8_t* sB = smem + slot * C::STAGE;
     const uint8_t* sA = sB + C::B_STAGE;
     const uint8_t* sG = sA + C::A_STAGE;
+    if constexpr (GROUPED) {
+      if (one_group_per_stage) group_scales(sG, wk * C::UK, it);
+    }
 #pragma unroll
     for (int u = 0; u < C::UK; ++u) {
       const int ku = wk * C::UK + u;
@@ -208,14 +229,9 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Param
       const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
       uint32_t b[4][2];
       if constexpr (GROUPED) {
-        const uint32_t sg = *reinterpret_cast<const uint32_t*>(sG + ku * C::BN + wn * 32 + (lane / 4) * 4);
-        const bool valid = stripe_ok && it * C::KU + ku < KB;
+        if (!one_group_per_stage) group_scales(sG, ku, it);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t s = (sg >> (8 * j)) & 0xFFu;
-          if (valid) bad |= (s - 1u) > 15u;
-          dequant_group(words[j], s, (128u - 8u * s) * 0x01010101u, b[j][0], b[j][1]);
-        }
+        for (int j = 0; j < 4; ++j) dequant_group(words[j], gs_s[j], gs_c[j], b[j][0], b[j][1]);
       } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j) dequant_channel(words[j], b[j][0], b[j][1]);
@@ -371,30 +387,44 @@ inline int device_sm_count() {
   return sms;
 }
 
-// Splits of K per output tile: the fewest that keep every SM streaming. Time
-// is modelled per SM as (CTAs it runs) x (stages per CTA + kFixedStages, the
-// pipeline's fill and the epilogue, in stages), with the CTAs spread evenly.
-// `force_splits` > 0 overrides (the tuning driver).
+// Splits of K per output tile, and the plan's modelled cost. The model is
+// bandwidth-first: per SM, (CTAs it runs) x (weight bytes each streams + a
+// fixed kFixedBytes for the pipeline's fill and the epilogue), plus
+// kSplitBytes when K is split (the counters' memset node and the partial
+// sums' round trip). Constants from benchmarks/qqq_tune.cu on an H200
+// (benchmarks/results/qqq-tune_nvidia-h200_2026-11-23.txt): the fill is
+// worth about two 16 KB stages and a split about three (S = 1 at 86 CTAs
+// ran 15.2 us, S = 3 at 258 CTAs 17.7 us, for K = 4096, N = 11008, M = 1).
+// `force_splits` > 0 overrides (the tuning driver). Ties go to the fewer
+// splits, or with `prefer_more_ctas` (compute-heavier large M) to the more.
+constexpr int64_t kFixedBytes = 2 * 16384;
+constexpr int64_t kSplitBytes = 3 * 16384;
+
 template <class C>
-Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, int fixed_stages = 2) {
+Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, int64_t* cost_out = nullptr,
+               bool prefer_more_ctas = false) {
   Plan plan;
   plan.tiles_m = static_cast<int>((M + C::BM - 1) / C::BM);
   plan.tiles_n = static_cast<int>((N + C::BN - 1) / C::BN);
   plan.k_iters = static_cast<int>((K + C::BK - 1) / C::BK);
   const int64_t tiles = static_cast<int64_t>(plan.tiles_m) * plan.tiles_n;
+  auto cost = [&](int s) {
+    const int64_t per_sm = (tiles * s + sms - 1) / sms;
+    return per_sm * ((plan.k_iters + s - 1) / s * int64_t{C::B_STAGE} + kFixedBytes) + (s > 1 ? kSplitBytes : 0);
+  };
   int best = 1;
   if (force_splits > 0) {
     best = force_splits;
   } else if (plan.k_iters > 1 && tiles < 4 * sms) {
-    int64_t best_cost = INT64_MAX;
+    int64_t best_cost = cost(1);
     const int max_splits = plan.k_iters < 64 ? plan.k_iters : 64;
-    for (int s = 1; s <= max_splits; ++s) {
-      const int64_t per_sm = (tiles * s + sms - 1) / sms;
-      const int64_t cost = per_sm * ((plan.k_iters + s - 1) / s + fixed_stages);
-      if (cost < best_cost) best_cost = cost, best = s;
+    for (int s = 2; s <= max_splits; ++s) {
+      const int64_t c = cost(s);
+      if (c < best_cost || (prefer_more_ctas && c == best_cost)) best_cost = c, best = s;
     }
   }
   plan.splits = best < 1 ? 1 : (best > plan.k_iters && plan.k_iters > 0 ? plan.k_iters : best);
+  if (cost_out != nullptr) *cost_out = cost(plan.splits);
   if (plan.splits > 1) {
     plan.counters_bytes = round16(tiles * 4);
     plan.flags_bytes = round16(tiles * plan.splits * 4);
