@@ -94,12 +94,13 @@ qqq)
   timeout ${QQQ_BENCH_S:-60} python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.1} \
     --no-compile --json "$OUT/bench-qqq.json" > "$OUT/bench-qqq.log" 2>&1
   echo "bench rc=$?"
-  timeout ${QQQ_EXAMPLE_S:-90} python3 examples/qqq_gemm/run.py --device cuda > "$OUT/example-qqq-cuda.log" 2>&1
-  echo "example rc=$?"; grep -E "^(built|check|MLP|  time|qqq_gemm:|FAILED)" "$OUT/example-qqq-cuda.log" | tail -14
+  timeout ${QQQ_FLUSH_S:-40} python3 benchmarks/qqq_flush.py >> "$OUT/qqq-tune.txt" 2>&1; echo "flush rc=$?"
   for tool in memcheck racecheck synccheck; do
-    timeout ${QQQ_SANITIZE_S:-20} compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -3 | sed "s/^/$tool: /"
+    timeout ${QQQ_SANITIZE_S:-15} compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -3 | sed "s/^/$tool: /"
   done > "$OUT/sanitize-qqq.txt"; cat "$OUT/sanitize-qqq.txt"
-  grep -E "^(op |device copy)" "$OUT/qqq-tune.txt"
+  timeout ${QQQ_EXAMPLE_S:-85} python3 examples/qqq_gemm/run.py --device cuda > "$OUT/example-qqq-cuda.log" 2>&1
+  echo "example rc=$?"; grep -E "^(built|check|MLP|  time|qqq_gemm:|FAILED)" "$OUT/example-qqq-cuda.log" | tail -14
+  grep -E "^(op |device copy)|\| " "$OUT/qqq-tune.txt"
   python3 benchmarks/qqq_summary.py "$OUT/bench-qqq.json"
   ;;
 esac
