@@ -4,7 +4,7 @@ weights, the issue's target speedup per M, the per-group/per-channel ratio,
 and the time as a fraction of the weight-read floor (packed bytes at the
 measured device copy bandwidth).
 
-    python benchmarks/qqq_summary.py bench.json [--markdown]
+    python benchmarks/qqq_summary.py bench.json [--markdown] [--plot out.png]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("report", type=Path)
     p.add_argument("--markdown", action="store_true", help="a Markdown table")
+    p.add_argument("--plot", type=Path, default=None, help="a PNG: time against M per shape, with the float16 baseline and the floor")
     args = p.parse_args(argv)
     d = json.loads(args.report.read_text())
     copy_gbps = (d.get("ceilings") or {}).get("copy_gbps")
@@ -65,7 +66,50 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
     print(f"{len(lines)} cases, {misses} below the issue's speedup target")
+    if args.plot:
+        plot(d, by_case, copy_gbps, args.plot)
+        print(f"wrote {args.plot}")
     return 0
+
+
+def plot(d: dict, by_case: dict, copy_gbps: float | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(K, N) for (_, K, N, _) in by_case})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.6 * len(shapes), 3.6), squeeze=False)
+    for ax, (K, N) in zip(axes[0], shapes, strict=True):
+        ms = sorted({M for (M, k, n, _) in by_case if (k, n) == (K, N)})
+
+        def series(scheme: str, impl: str, ms: list[int] = ms, K: int = K, N: int = N) -> list[float | None]:
+            out = []
+            for M in ms:
+                r = by_case.get((M, K, N, scheme))
+                t = (r or {}).get("timings", {}).get(impl) if r else None
+                out.append(t["median_us"] if t else None)
+            return out
+
+        ax.plot(ms, series("per channel", "opforge"), "o-", color="tab:red", label="qqq_gemm per channel")
+        ax.plot(ms, series("group 128", "opforge"), "s--", color="tab:orange", label="qqq_gemm group 128")
+        ax.plot(ms, series("per channel", "fp16 matmul"), "^-", color="tab:blue", label="fp16 torch.matmul")
+        target = [mm / TARGETS[M] if mm and M in TARGETS else None for M, mm in zip(ms, series("per channel", "fp16 matmul"), strict=True)]
+        ax.plot(ms, target, ":", color="tab:blue", label="issue 8 target (fp16 / speedup)")
+        if copy_gbps:
+            ax.axhline(K * N / 2 / (copy_gbps * 1e3), color="black", linestyle="--", linewidth=1, label="weight-read floor")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(M) for M in ms])
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"K = {K}, N = {N}", fontsize=9)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("us per call (L2 flushed)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"qqq_gemm (W4A8) vs float16: {d['device_name']}, torch {d['torch_version']}, {d['date'][:10]}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

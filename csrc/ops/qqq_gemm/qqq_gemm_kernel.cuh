@@ -25,7 +25,14 @@
 #include "opforge/dtype.h"
 #include "qqq_gemm_kernel.h"
 
+// Everything here has internal linkage (the anonymous namespace): a second
+// library built from these sources (examples/qqq_gemm's extension) must not
+// share a symbol with opforge's. Measured on the H200: as inline functions,
+// launch()'s function-local "opted in" flag became one process-wide (GNU
+// unique) object, the extension's launch set it, and opforge's own kernel then
+// ran without its shared-memory opt-in: "invalid argument".
 namespace opforge::qqq {
+namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -480,4 +487,5 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   return cuda_error(cudaGetLastError());
 }
 
+}  // namespace
 }  // namespace opforge::qqq

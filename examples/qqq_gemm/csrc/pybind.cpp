@@ -1,5 +1,7 @@
 // Seed 000's module declaration. TORCH_EXTENSION_NAME is the extension's name
 // from setup.py (qqq_gemm_ext), defined by torch's BuildExtension.
+#include <torch/extension.h>
+
 #include "qqq_gemm.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -5,6 +5,9 @@
 // torch.ops.opforge.qqq_gemm bit for bit.
 #include "qqq_gemm.h"
 
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
 #include <cstdint>
 
 #ifdef WITH_CUDA
@@ -28,30 +31,30 @@ int q_at(const int32_t* w, int64_t K, int64_t k, int64_t n) {
 
 }  // namespace
 
-torch::Tensor qqq_gemm(const torch::Tensor& a, const torch::Tensor& w_packed, const torch::Tensor& s_tok,
-                       const torch::Tensor& s_ch, const std::optional<torch::Tensor>& s_group, int64_t group_size) {
-  TORCH_CHECK(a.scalar_type() == torch::kChar && a.dim() == 2, "qqq_gemm: a must be a 2-D int8 tensor, got ", a.scalar_type(),
+at::Tensor qqq_gemm(const at::Tensor& a, const at::Tensor& w_packed, const at::Tensor& s_tok,
+                       const at::Tensor& s_ch, const std::optional<at::Tensor>& s_group, int64_t group_size) {
+  TORCH_CHECK(a.scalar_type() == at::kChar && a.dim() == 2, "qqq_gemm: a must be a 2-D int8 tensor, got ", a.scalar_type(),
               " of shape ", a.sizes());
   const int64_t M = a.size(0), K = a.size(1), N = w_packed.size(1);
   TORCH_CHECK(K % 32 == 0 && N % 32 == 0, "qqq_gemm: K and N must be multiples of 32, got K = ", K, ", N = ", N);
-  TORCH_CHECK(w_packed.scalar_type() == torch::kInt && w_packed.sizes() == torch::IntArrayRef({K / 8, N}) && w_packed.is_contiguous(),
+  TORCH_CHECK(w_packed.scalar_type() == at::kInt && w_packed.sizes() == at::IntArrayRef({K / 8, N}) && w_packed.is_contiguous(),
               "qqq_gemm: w_packed must be a contiguous int32 [K / 8, N] = [", K / 8, ", ", N, "], got ", w_packed.sizes());
-  TORCH_CHECK(s_tok.scalar_type() == torch::kFloat && s_ch.scalar_type() == torch::kFloat && s_tok.numel() == M && s_ch.numel() == N,
+  TORCH_CHECK(s_tok.scalar_type() == at::kFloat && s_ch.scalar_type() == at::kFloat && s_tok.numel() == M && s_ch.numel() == N,
               "qqq_gemm: s_tok and s_ch must be float32 of M and N elements");
   const bool grouped = s_group.has_value() && s_group->defined();
   TORCH_CHECK(grouped ? group_size > 0 && K % group_size == 0 : group_size == -1, "qqq_gemm: bad group_size ", group_size);
   for (const auto* t : {&w_packed, &s_tok, &s_ch}) {
     TORCH_CHECK(t->device() == a.device(), "qqq_gemm: all tensors must be on ", a.device(), ", got one on ", t->device());
   }
-  const torch::Tensor ac = a.contiguous(), st = s_tok.contiguous(), sc = s_ch.contiguous();
-  const torch::Tensor sg = grouped ? s_group->contiguous() : torch::Tensor();
-  torch::Tensor out = torch::empty({M, N}, a.options().dtype(torch::kHalf));
+  const at::Tensor ac = a.contiguous(), st = s_tok.contiguous(), sc = s_ch.contiguous();
+  const at::Tensor sg = grouped ? s_group->contiguous() : at::Tensor();
+  at::Tensor out = at::empty({M, N}, a.options().dtype(at::kHalf));
   if (out.numel() == 0) return out;
 #ifdef WITH_CUDA
   if (a.is_cuda()) {
     const c10::cuda::CUDAGuard guard(a.device());
     const int64_t ws_bytes = opforge::qqq_gemm_workspace_bytes(M, N, K, grouped);
-    torch::Tensor ws = torch::empty({ws_bytes}, a.options().dtype(torch::kByte));
+    at::Tensor ws = at::empty({ws_bytes}, a.options().dtype(at::kByte));
     const opforge::QqqGemmArgs args{ac.data_ptr<int8_t>(), w_packed.data_ptr<int32_t>(), st.data_ptr<float>(), sc.data_ptr<float>(),
                                     grouped ? sg.data_ptr<int8_t>() : nullptr, out.data_ptr(), M, N, K, group_size,
                                     opforge::DType::Float16, ws_bytes ? ws.data_ptr() : nullptr};

@@ -4,9 +4,13 @@
 // On CUDA tensors it runs opforge's kernel (csrc/ops/qqq_gemm/qqq_gemm_kernel.cu,
 // compiled into this extension by setup.py); on CPU tensors, a short loop here.
 
-#include <torch/extension.h>
+// Only ATen's Tensor here, not torch/extension.h: qqq_gemm.cpp then compiles
+// in seconds; pybind.cpp, which needs pybind11 and torch's type casters,
+// includes the heavy header once.
+#include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <optional>
 
-torch::Tensor qqq_gemm(const torch::Tensor& a, const torch::Tensor& w_packed, const torch::Tensor& s_tok,
-                       const torch::Tensor& s_ch, const std::optional<torch::Tensor>& s_group, int64_t group_size);
+at::Tensor qqq_gemm(const at::Tensor& a, const at::Tensor& w_packed, const at::Tensor& s_tok, const at::Tensor& s_ch,
+                    const std::optional<at::Tensor>& s_group, int64_t group_size);
