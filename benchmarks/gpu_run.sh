@@ -9,6 +9,8 @@
 #                                       # tuning, bench at 2^26/2^28 vs eager and static compile,
 #                                       # host/device time of small calls, LLTM
 #   bash benchmarks/gpu_run.sh cudatests # every CUDA-marked test, in groups (TESTS="..." to choose)
+#   bash benchmarks/gpu_run.sh qqq      # issue 8: qqq_tune.cu (bit-exact checks, tile/split sweep), the W4A8
+#                                       # op's CUDA tests, its sanitizer run, bench vs fp16 matmul, summary table
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -120,5 +122,23 @@ routes)
     "$OLDPWD/tests/test_ops.py" "$OLDPWD/tests/test_layout.py" 2>&1 | tee "$OUT/pytest-prebuilt.log" | tail -3)
   [ -n "${SKIP_SPEED:-}" ] || python3 -m pytest -q -p no:cacheprovider tests/test_inline.py tests/test_cli.py tests/test_prebuilt.py \
     -k "not fresh_venv" 2>&1 | tee "$OUT/pytest-routes.log" | tail -3
+  ;;
+qqq)
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+    && timeout ${QQQ_TUNE_S:-80} /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1
+  echo "qqq_tune rc=$?"; grep -E "^(check|FAIL|device|all checks)" "$OUT/qqq-tune.txt" | head -20
+  timeout ${QQQ_TEST_S:-75} python3 -m pytest tests/test_qqq.py tests/test_ops.py -k "qqq" -q -p no:cacheprovider \
+    > "$OUT/pytest-qqq.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/pytest-qqq.log"
+  timeout ${QQQ_BENCH_S:-60} python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.1} \
+    --no-compile --json "$OUT/bench-qqq.json" > "$OUT/bench-qqq.log" 2>&1
+  echo "bench rc=$?"
+  timeout ${QQQ_FLUSH_S:-40} python3 benchmarks/qqq_flush.py >> "$OUT/qqq-tune.txt" 2>&1; echo "flush rc=$?"
+  for tool in memcheck racecheck synccheck; do
+    timeout ${QQQ_SANITIZE_S:-15} compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -3 | sed "s/^/$tool: /"
+  done > "$OUT/sanitize-qqq.txt"; cat "$OUT/sanitize-qqq.txt"
+  timeout ${QQQ_EXAMPLE_S:-85} python3 examples/qqq_gemm/run.py --device cuda > "$OUT/example-qqq-cuda.log" 2>&1
+  echo "example rc=$?"; grep -E "^(built|check|MLP|  time|qqq_gemm:|FAILED)" "$OUT/example-qqq-cuda.log" | tail -14
+  grep -E "^(op |device copy)|\| " "$OUT/qqq-tune.txt"
+  python3 benchmarks/qqq_summary.py "$OUT/bench-qqq.json"
   ;;
 esac

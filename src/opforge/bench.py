@@ -102,9 +102,14 @@ class Timer:
             self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
         else:
             self.l2_bytes = _cpu_last_level_cache()
-        # Zeroing twice the last-level cache before each timed call evicts the
-        # inputs: the op is timed from DRAM, as it runs inside a model.
-        self._flush = torch.empty(max(2 * self.l2_bytes, 1 << 20), dtype=torch.uint8, device=device)
+        # Reading twice the last-level cache before each timed call evicts the
+        # inputs: the op is timed from DRAM, as it runs inside a model. Read, not
+        # written: zeroing the buffer (as this did until 2026-11-23) left the L2
+        # full of dirty lines whose write-back the timed call then paid for,
+        # several us for a call that reads ~32 MB (fp16 matmul at M=1, K=N=8192
+        # on an H200: 46.6 us after a zeroing flush, 38.1 after a reading one;
+        # benchmarks/qqq_flush.py).
+        self._flush = torch.ones(max(2 * self.l2_bytes, 1 << 20) // 4, dtype=torch.float32, device=device)
 
     def batch(self, call: Callable[[int], Any]) -> Callable[[int], list[float]]:
         counter = [0]
@@ -118,7 +123,7 @@ class Timer:
             def run(k: int) -> list[float]:
                 events = []
                 for _ in range(k):
-                    self._flush.zero_()
+                    self._flush.sum()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     call(next_index())
@@ -133,7 +138,7 @@ class Timer:
             out = []
             for _ in range(k):
                 i = next_index()
-                self._flush.zero_()
+                self._flush.sum()
                 t0 = time.perf_counter()
                 call(i)
                 out.append((time.perf_counter() - t0) * 1e6)
@@ -402,17 +407,23 @@ def bench_op(
             sets = input_sets(sample, timer.l2_bytes, gen)
             compiled = _compiled(spec) if compile else None
             impls: dict[str, Callable[..., Any] | None] = {"opforge": spec.function, "eager": spec.reference, "compiled": compiled}
+            impls.update(dict.fromkeys(spec.baselines))
             for impl, fn in impls.items():
+                impl_sets: Sequence[Sample] = sets
+                if impl in spec.baselines:
+                    made = [spec.baselines[impl](s) for s in sets]
+                    fn, impl_sets = made[0][0], [m[1] for m in made]
                 if fn is None:
                     row.timings[impl], row.notes[impl] = None, "not asked (--no-compile)"
                     continue
                 try:
-                    row.timings[impl] = time_fn(fn, sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
+                    row.timings[impl] = time_fn(fn, impl_sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
                 except Exception as exc:
                     if impl == "opforge":
                         raise
                     row.timings[impl] = None
                     row.notes[impl] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+                del impl_sets
             rows.append(row)
             del sets
     return rows

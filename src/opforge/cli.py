@@ -342,11 +342,15 @@ def bench_table(report) -> Table:  # noqa: ANN001
         title=f"opforge bench: {report.device_name} ({report.device}, torch {report.torch_version}, "
         f"{report.threads} threads{', CUDA graphs' if report.graph else ''}{limit})"
     )
-    for col in ("operator", "dtype", "size", "opforge us", "eager us", "compiled us", "vs eager", "vs compiled", "GB/s", "% of limit"):
+    # Baselines a spec adds (OpSpec.baselines), each with its own two columns.
+    extra = list(dict.fromkeys(k for r in report.rows for k in r.timings if k not in ("opforge", "eager", "compiled")))
+    cols = ["operator", "dtype", "size", "opforge us", "eager us", "compiled us", *(f"{b} us" for b in extra), "vs eager", "vs compiled"]
+    cols += [*(f"vs {b}" for b in extra), "GB/s", "% of limit"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("operator", "dtype", "size") else "right")
     for r in report.rows:
         if r.status != "ok":
-            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * 6)
+            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * (len(cols) - 4))
             continue
         pct = r.pct_of_limit("opforge")
         table.add_row(
@@ -356,8 +360,10 @@ def bench_table(report) -> Table:  # noqa: ANN001
             _fmt_us(r.timings.get("opforge")),
             _fmt_us(r.timings.get("eager")),
             _fmt_us(r.timings.get("compiled")),
+            *(_fmt_us(r.timings.get(b)) for b in extra),
             _fmt_x(r.speedup("eager")),
             _fmt_x(r.speedup("compiled")),
+            *(_fmt_x(r.speedup(b)) for b in extra),
             f"{r.gbps('opforge'):,.0f}",
             f"{pct:.0f}%" if pct is not None else "-",
         )
