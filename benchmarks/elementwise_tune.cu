@@ -4,7 +4,14 @@
 // bfloat16, against the device-to-device copy of the same bytes.
 //
 //   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
-//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune
+//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small]...
+//
+// sweep (the default): the table above. sigmoid: the arithmetic of sigmoid's
+// forms (libm + IEEE division, libm + approximate reciprocal, ex2/rcp
+// approximations) in each dtype at 2^26 and 2^28, beside square (the same
+// bytes, one instruction). small: device time of add at 2^12-2^16 elements for
+// 64, 128 and 256 threads a block, from a CUDA graph of 256 launches (no
+// launch overhead in the figure).
 //
 // Times: CUDA events around each call, median of 30 calls after 5 warm-ups.
 // Every size here is at least 4x the 50 MB L2 of an H200 (bf16 2^24 and up),
@@ -16,6 +23,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "opforge/cuda_utils.cuh"
@@ -42,6 +50,17 @@ struct SquareOp {
   __device__ U operator()(U a) const {
     return a * a;
   }
+};
+
+// The three forms of sigmoid compared (in float32 opmath; the 2-byte types convert around them).
+struct SigmoidLibmDiv {  // torch's own form: expf and the IEEE division
+  __device__ float operator()(float x) const { return 1.0f / (1.0f + expf(-x)); }
+};
+struct SigmoidLibmRcp {  // the float32 kernel's: expf, approximate reciprocal
+  __device__ float operator()(float x) const { return cu::rcp_approx(1.0f + expf(-x)); }
+};
+struct SigmoidApprox {  // the 2-byte kernels': ex2 and rcp approximations
+  __device__ float operator()(float x) const { return cu::rcp_approx(1.0f + cu::ex2_approx(-1.4426950408889634f * x)); }
 };
 
 template <typename T>
@@ -157,14 +176,109 @@ void sweep(const char* dtype) {
   }
 }
 
-int main() {
+template <typename T, typename F>
+float unary_us(int64_t n, T* a, T* o, F f) {
+  return median_us([&] { cu::launch_elementwise(cu::Pointers<T, 1, 1>{{a}, {o}}, n, nullptr, cu::Unary<F>{f}); });
+}
+
+template <typename T>
+void sigmoid_forms(const char* dtype) {
+  for (int log2n : {26, 28}) {
+    const int64_t n = int64_t{1} << log2n;
+    T *a, *o;
+    CHECK(cudaMalloc(&a, n * sizeof(T)));
+    CHECK(cudaMalloc(&o, n * sizeof(T)));
+    fill<<<1024, 256>>>(a, n, 1e-2f);
+    const float copy = median_us([&] { cudaMemcpyAsync(o, a, n * sizeof(T), cudaMemcpyDeviceToDevice); });
+    const float sq = unary_us(n, a, o, SquareOp{});
+    const float div = unary_us(n, a, o, SigmoidLibmDiv{});
+    const float rcp = unary_us(n, a, o, SigmoidLibmRcp{});
+    const float apx = unary_us(n, a, o, SigmoidApprox{});
+    std::printf("%-8s 2^%-3d copy %8.1f | square %8.1f (%5.1f%%) | libm+div %8.1f (%5.1f%%) | libm+rcp %8.1f (%5.1f%%) | "
+                "ex2+rcp %8.1f (%5.1f%%) us (%% of copy)\n",
+                dtype, log2n, copy, sq, 100 * copy / sq, div, 100 * copy / div, rcp, 100 * copy / rcp, apx, 100 * copy / apx);
+    cudaFree(a);
+    cudaFree(o);
+  }
+}
+
+// Device time per launch: a graph of kLaunches back-to-back launches, replayed; its time over kLaunches.
+template <int Threads>
+float add_graph_us(int64_t n, float* a, float* b, float* o) {
+  constexpr int kLaunches = 256;
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) {
+    cu::launch_elementwise<Threads, 1>(cu::Pointers<float, 2, 1>{{a, b}, {o}}, n, s, cu::Binary<AddOp>{});
+  }
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ts;
+  for (int rep = 0; rep < 25; ++rep) {
+    CHECK(cudaEventRecord(e0, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep >= 5) ts.push_back(ms * 1000.f / kLaunches);
+  }
+  std::sort(ts.begin(), ts.end());
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return ts[ts.size() / 2];
+}
+
+void small_sizes() {
+  for (int log2n : {12, 14, 16, 18}) {
+    const int64_t n = int64_t{1} << log2n;
+    float *a, *b, *o;
+    CHECK(cudaMalloc(&a, n * 4));
+    CHECK(cudaMalloc(&b, n * 4));
+    CHECK(cudaMalloc(&o, n * 4));
+    fill<<<64, 256>>>(a, n, 1.f);
+    fill<<<64, 256>>>(b, n, 2.f);
+    const float t64 = add_graph_us<64>(n, a, b, o);
+    const float t128 = add_graph_us<128>(n, a, b, o);
+    const float t256 = add_graph_us<256>(n, a, b, o);
+    std::printf("add float32 2^%-3d per launch in a graph: 64 thr %.2f us | 128 thr %.2f us | 256 thr %.2f us\n", log2n,
+                t64, t128, t256);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(o);
+  }
+}
+
+int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   if (!check_edges()) return 1;
   std::printf("edge check: every misalignment and size ok\n");
-  std::printf("dtype    n     thr  U  bpsm | (%% = copy of the same bytes / kernel time)\n");
-  sweep<float>("float32");
-  sweep<__nv_bfloat16>("bfloat16");
+  std::vector<std::string> modes(argv + 1, argv + argc);
+  if (modes.empty()) modes.push_back("sweep");
+  for (const auto& mode : modes) {
+    if (mode == "sweep") {
+      std::printf("dtype    n     thr  U  bpsm | (%% = copy of the same bytes / kernel time)\n");
+      sweep<float>("float32");
+      sweep<__nv_bfloat16>("bfloat16");
+    } else if (mode == "sigmoid") {
+      sigmoid_forms<float>("float32");
+      sigmoid_forms<__half>("float16");
+      sigmoid_forms<__nv_bfloat16>("bfloat16");
+    } else if (mode == "small") {
+      small_sizes();
+    } else {
+      std::printf("unknown mode %s (sweep, sigmoid, small)\n", mode.c_str());
+      return 2;
+    }
+  }
   return 0;
 }

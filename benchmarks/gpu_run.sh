@@ -5,6 +5,12 @@
 #   bash benchmarks/gpu_run.sh kernels  # tune the elementwise kernels, their CUDA tests, bench vs eager
 #   bash benchmarks/gpu_run.sh routes   # build speed; a CUDA wheel in a venv (prebuilt library) with the
 #                                       # op tests; the inline, pybind and folder routes' tests
+#   bash benchmarks/gpu_run.sh memlimit # issue 6's targets in one call: sigmoid forms and small-size
+#                                       # tuning, bench at 2^26/2^28 vs eager and static compile,
+#                                       # host/device time of small calls, LLTM
+#   bash benchmarks/gpu_run.sh cudatests # every CUDA-marked test, in groups (TESTS="..." to choose)
+#   bash benchmarks/gpu_run.sh qqq      # issue 8: qqq_tune.cu (bit-exact checks, tile/split sweep), the W4A8
+#                                       # op's CUDA tests, its sanitizer run, bench vs fp16 matmul, summary table
 #   bash benchmarks/gpu_run.sh gemm     # benchmarks/gemm_tune.cu: every GEMM kernel variant checked and timed
 #                                       # against cuBLAS (GEMM_ARGS passes options, e.g. --only wgmma)
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
@@ -18,6 +24,9 @@ OUT=${OUT:-/tmp/opforge-out}
 export CXX=${OPFORGE_GPU_CXX:-g++} CC=${OPFORGE_GPU_CC:-gcc} CUDAHOSTCXX=${OPFORGE_GPU_CXX:-g++}
 mkdir -p "$OUT"
 opforge() { python3 -m opforge "$@"; }
+# The device tool's copy of the tree has no history of its own: the commit it was made from
+# comes along in .gpu-commit (carried; written by `git rev-parse HEAD`, +dirty for local edits).
+[ -f .gpu-commit ] && export OPFORGE_GIT_COMMIT=$(cat .gpu-commit)
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -97,6 +106,37 @@ final)
     | grep -E "2\^(26) "
   opforge profile lltm_forward --sanitize 2>&1 | tail -8 > "$OUT/sanitize-lltm.txt"; tail -3 "$OUT/sanitize-lltm.txt"
   ;;
+memlimit)
+  # At most 8 files come back from $OUT: tune.txt, pytest.log, bench.json, bench.log, small.json, lltm.json, lltm-graph.json.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 120 /tmp/elementwise_tune sigmoid small 2>&1 | tee "$OUT/tune.txt"
+  python3 benchmarks/host_overhead.py 2>&1 | tee -a "$OUT/tune.txt"
+  timeout 200 python3 -m opforge bench add add_out square sigmoid sigmoid_backward axpby axpby_backward --device cuda --seed 1 --sweep \
+    --case 2^26,2^28 --budget ${BUDGET:-0.12} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; grep -E "^│ " "$OUT/bench.log" | cut -c1-150
+  timeout 60 python3 -m opforge bench add --device cuda --seed 1 --graph --sweep --case 2^12,2^14,2^16 --dtype float32 --budget 0.1 --no-compile \
+    --json "$OUT/small.json" 2>&1 | grep -E "2\^1[246] "
+  timeout 90 python3 examples/lltm/bench.py --device cuda --budget 0.2 --json "$OUT/lltm.json" 2>&1 | tail -6
+  timeout 60 python3 examples/lltm/bench.py --device cuda --budget 0.2 --graph --no-compile --json "$OUT/lltm-graph.json" 2>&1 | tail -5
+  ;;
+recheck)
+  # After a kernel change: small-size device time, large sizes vs eager, then the CUDA tests.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 60 /tmp/elementwise_tune small 2>&1 | tee "$OUT/tune.txt"
+  python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" 2>&1 | grep -v Warn | tee -a "$OUT/tune.txt"
+  timeout 120 python3 -m opforge bench add square sigmoid axpby --device cuda --seed 1 --sweep --case 2^26,2^28 --budget 0.1 \
+    --no-compile --json "$OUT/bench-recheck.json" > "$OUT/bench-recheck.log" 2>&1
+  grep -E "^│ " "$OUT/bench-recheck.log" | cut -c1-120
+  GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} bash "$0" cudatests-only
+  ;;
+cudatests|cudatests-only)
+  # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
+  for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
+      "tests/test_docs.py tests/test_profile.py" "tests/test_inline.py tests/test_build.py tests/test_doctor.py tests/test_cli.py"}; do
+    echo "== $t"
+    timeout ${GROUP_TIMEOUT:-240} python3 -m pytest $t -q -p no:cacheprovider -m cuda 2>&1 | tee -a "$OUT/pytest.log" | tail -4
+  done
+  ;;
 routes)
   [ -n "${SKIP_SPEED:-}" ] || python3 benchmarks/build_speed.py --json "$OUT/build-speed.json" 2>&1 | tee "$OUT/build-speed.log"
   rm -rf /tmp/opforge-wheel /tmp/opforge-site
@@ -113,5 +153,23 @@ routes)
     "$OLDPWD/tests/test_ops.py" "$OLDPWD/tests/test_layout.py" 2>&1 | tee "$OUT/pytest-prebuilt.log" | tail -3)
   [ -n "${SKIP_SPEED:-}" ] || python3 -m pytest -q -p no:cacheprovider tests/test_inline.py tests/test_cli.py tests/test_prebuilt.py \
     -k "not fresh_venv" 2>&1 | tee "$OUT/pytest-routes.log" | tail -3
+  ;;
+qqq)
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+    && timeout ${QQQ_TUNE_S:-80} /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1
+  echo "qqq_tune rc=$?"; grep -E "^(check|FAIL|device|all checks)" "$OUT/qqq-tune.txt" | head -20
+  timeout ${QQQ_TEST_S:-75} python3 -m pytest tests/test_qqq.py tests/test_ops.py -k "qqq" -q -p no:cacheprovider \
+    > "$OUT/pytest-qqq.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/pytest-qqq.log"
+  timeout ${QQQ_BENCH_S:-60} python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.1} \
+    --no-compile --json "$OUT/bench-qqq.json" > "$OUT/bench-qqq.log" 2>&1
+  echo "bench rc=$?"
+  timeout ${QQQ_FLUSH_S:-40} python3 benchmarks/qqq_flush.py >> "$OUT/qqq-tune.txt" 2>&1; echo "flush rc=$?"
+  for tool in memcheck racecheck synccheck; do
+    timeout ${QQQ_SANITIZE_S:-15} compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -3 | sed "s/^/$tool: /"
+  done > "$OUT/sanitize-qqq.txt"; cat "$OUT/sanitize-qqq.txt"
+  timeout ${QQQ_EXAMPLE_S:-85} python3 examples/qqq_gemm/run.py --device cuda > "$OUT/example-qqq-cuda.log" 2>&1
+  echo "example rc=$?"; grep -E "^(built|check|MLP|  time|qqq_gemm:|FAILED)" "$OUT/example-qqq-cuda.log" | tail -14
+  grep -E "^(op |device copy)|\| " "$OUT/qqq-tune.txt"
+  python3 benchmarks/qqq_summary.py "$OUT/bench-qqq.json"
   ;;
 esac

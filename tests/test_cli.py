@@ -70,6 +70,19 @@ def test_bench_writes_json_csv_and_compares(tmp_path):
     assert "3 compared" in res.stdout and "against" in res.stdout
 
 
+def test_bench_case_picks_cases_and_names_the_known_ones(tmp_path):
+    path = tmp_path / "bench.json"
+    args = ("bench", "sigmoid", "--device", "cpu", "--dtype", "float32,bfloat16", "--budget", "0.02", "--seed", "3")
+    res = opforge_cli(*args, "--case", "2^16", "--json", str(path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["dtype"], r["case"]) for r in rows] == [("float32", "2^16"), ("bfloat16", "2^16")]
+    # The compiled baseline is compiled for the case itself (static shapes), and ran.
+    assert all(r["timings"]["compiled"]["median_us"] > 0 for r in rows)
+    res = opforge_cli(*args, "--case", "2^16,2^99")
+    assert res.returncode != 0 and "opforge bench: no cases named 2^99; they are: 2^16, 2^20, 2^22" in res.stderr
+
+
 def test_check_seeds_and_report():
     res = opforge_cli("check", "square", "--device", "cpu", "--seed", "1", "--checks", "reference", "--seeds", "2", "--report")
     assert res.returncode == 0, res.stdout + res.stderr

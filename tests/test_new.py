@@ -95,6 +95,24 @@ def test_bench_times_it(package, env):
 
 
 @pytest.mark.slow
+def test_bench_times_the_package_through_the_eager_fast_path(package, env):
+    # What `opforge bench DIR` does before loading the package (the CLI runs with
+    # OPFORGE_NO_AUTOLOAD=1): without it, the package's functions would go through torch.ops.
+    root, _, _ = package
+    code = (
+        "from opforge import cli; from opforge.project import load_project; "
+        f"specs = load_project({str(root)!r}); print('before', specs[0].function._opforge_fast is not None)"
+    )
+    res = run(env, "-c", code)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ["before", "False"]  # the premise: no fast path without opforge's library
+    code = code.replace("specs = load_project", "cli._fast_path_for_packages(); specs = load_project").replace("'before'", "'after'")
+    res = run(env, "-c", code)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ["after", "True"]
+
+
+@pytest.mark.slow
 def test_the_generated_tests_pass(package, env):
     root, _, _ = package
     res = run(env, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests"), cwd=root)
@@ -139,6 +157,73 @@ def test_wheel_has_the_library_prebuilt(package, env, tmp_path):
     res = run({**env, "PYTHONPATH": os.pathsep.join([str(site), SRC])}, "-c", code, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.split() == ["prebuilt", "True"]
+
+
+@pytest.mark.slow
+def test_profile_takes_the_package_and_says_what_is_missing(package, env):
+    # The package is --no-cuda: on any machine (a GPU one too) profile loads it, then
+    # says what it lacks, in one line, with the exit status of "cannot run here".
+    root, _, _ = package
+    res = opforge_cli(env, "profile", str(root))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "opforge profile: cannot run, missing: " in res.stderr
+    assert ("a CUDA GPU" in res.stderr) or (f"the CUDA kernels of {root}'s op library" in res.stderr)
+
+
+# --- the same path with the CUDA kernel, on a GPU ---
+
+CUDA_NAME = "opf_softsign_cu"
+
+
+@pytest.fixture(scope="module")
+def cuda_package(tmp_path_factory, env) -> tuple[Path, subprocess.CompletedProcess]:
+    where = tmp_path_factory.mktemp("work_cuda")
+    new = opforge_cli(env, "new", CUDA_NAME, "--backward", cwd=where)
+    assert new.returncode == 0, new.stdout + new.stderr
+    root = where / CUDA_NAME
+    return root, opforge_cli(env, "build", str(root))
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_cuda_package_builds_checks_benches_profiles_and_its_tests_pass(cuda_package, env, tmp_path):
+    root, build = cuda_package
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert "CUDA kernels: yes" in build.stdout
+    res = opforge_cli(env, "check", str(root), "--device", "cuda", "--seed", "5")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith("5 passed, 0 failed")
+    res = run(env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(root / "tests"), cwd=root)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert " passed" in res.stdout and "skipped" not in res.stdout  # the CUDA tests ran
+    args = ("bench", str(root), "--device", "cuda", "--dtype", "float32", "--budget", "0.05", "--seed", "3", "--no-compile")
+    res = opforge_cli(env, *args)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(f"{CUDA_NAME} ") >= 4 and "refused" not in res.stdout  # 2^16 .. 2^26
+    if shutil.which("ncu"):
+        res = opforge_cli(env, "profile", str(root), "--case", "2^20")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"{CUDA_NAME}::{CUDA_NAME} float32 [2^20]" in res.stdout and "elementwise_kernel" in res.stdout
+    if shutil.which("compute-sanitizer"):
+        res = opforge_cli(env, "profile", str(root), "--sanitize", "--seed", "2")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "4 tools, all passed" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_planted_bug_in_the_cuda_kernel_fails_check_on_the_gpu(cuda_package, env, tmp_path):
+    root, _ = cuda_package
+    buggy = tmp_path / CUDA_NAME
+    shutil.copytree(root, buggy)
+    cu = buggy / "csrc" / CUDA_NAME / f"{CUDA_NAME}_kernel.cu"
+    right = "return x / (U(1) + fabs(x));"
+    assert right in cu.read_text()
+    cu.write_text(cu.read_text().replace(right, "return x / (U(1) + U(1.01) * fabs(x));"))
+    res = opforge_cli(env, "check", str(buggy), "--device", "cuda", "--seed", "1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"reference: {CUDA_NAME} float32 [59] (seed 1): output 0: " in res.stdout
+    assert "elements off" in res.stdout
 
 
 def test_cuda_kernel_is_generated_and_compiles_with_plain_nvcc(tmp_path):

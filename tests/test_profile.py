@@ -243,9 +243,21 @@ def test_ncu_command_never_touches_clocks_and_profiles_one_call(tmp_path):
     cmd = ncu_command("/x/ncu", "add", "2^20", "float16", export=report)
     assert cmd[cmd.index("--export") + 1] == str(report)
     assert cmd.index("--export") < cmd.index(sys.executable)  # an ncu option, not the program's
+    # An operator of a package of opforge new's: the runner loads the package first.
+    cmd = ncu_command("/x/ncu", "my_ns::my_op", "2^20", "float32", project=tmp_path)
+    runner = [sys.executable, "-m", "opforge.profile", "--run-case", "my_ns::my_op", "2^20", "float32"]
+    assert cmd[-9:] == [*runner, "--project", str(tmp_path)]
+
+
+def test_profile_target_that_is_a_folder_but_no_package(tmp_path, capsys):
+    assert profile._package_ops("add") == (None, ["add"])  # an operator's name passes through
+    assert profile._package_ops(str(tmp_path)) == 1
+    assert f"is not an opforge package: no [tool.opforge] table in {tmp_path}" in capsys.readouterr().err
 
 
 def test_sanitizer_commands():
+    several = sanitizer_command("cs", "memcheck", ["add", "sigmoid"], 7)
+    assert several[-9:-6] == ["check", "add", "sigmoid"]
     cmd = sanitizer_command("/x/compute-sanitizer", "memcheck", "add", 7)
     assert cmd[:5] == ["/x/compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9"]
     assert ("--leak-check", "no") in list(itertools.pairwise(cmd))
@@ -333,15 +345,26 @@ def test_register_cli(monkeypatch):
     register = profile.register_cli
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["profile", "add", "--case", "2^20", "--dtype", "bfloat16", "--full"])
-    assert (args.op, args.case, args.dtype, args.full, args.sanitize) == ("add", "2^20", "bfloat16", True, False)
+    assert (args.op, args.case, args.dtype, args.full, args.sanitize) == (["add"], "2^20", "bfloat16", True, False)
     calls = []
-    monkeypatch.setattr(profile, "profile_op", lambda *a: calls.append(("profile", *a)) or 0)
-    monkeypatch.setattr(profile, "sanitize_op", lambda *a: calls.append(("sanitize", *a)) or 1)
+    monkeypatch.setattr(profile, "profile_op", lambda *a, project: calls.append(("profile", *a, project)) or 0)
+    monkeypatch.setattr(profile, "sanitize_op", lambda *a, project: calls.append(("sanitize", *a, project)) or 1)
     assert args.fn(args) == 0
     args = parser.parse_args(["profile", "square", "--sanitize", "--seed", "5"])
     assert (args.case, args.dtype, args.full) == (None, "float32", False)
     assert args.fn(args) == 1
-    assert calls == [("profile", "add", "2^20", "bfloat16", True), ("sanitize", "square", 5)]
+    assert calls == [("profile", "add", "2^20", "bfloat16", True, None), ("sanitize", "square", 5, None)]
+    # Several operators: profiled one after the other; sanitized in one check per tool.
+    calls.clear()
+    args = parser.parse_args(["profile", "add", "sigmoid"])
+    assert args.fn(args) == 0
+    args = parser.parse_args(["profile", "add", "sigmoid", "--sanitize"])
+    assert args.fn(args) == 1
+    assert calls == [
+        ("profile", "add", None, "float32", False, None),
+        ("profile", "sigmoid", None, "float32", False, None),
+        ("sanitize", ["add", "sigmoid"], None, None),
+    ]
 
 
 # ---------------------------------------------------------------- on a GPU, with the NVIDIA tools
@@ -364,7 +387,7 @@ def test_profile_add_end_to_end(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert profile_op("add", "2^20", "float32", False) == 0
     text = capsys.readouterr().out
-    assert "binary_kernel<float, AddOp>" in text and "duration us" in text and " x 256" in text
+    assert "elementwise_kernel" in text and "AddOp" in text and "duration us" in text and " x 256" in text
     assert list(tmp_path.iterdir()) == []  # nothing kept without --full
     assert profile_op("add", None, "float16", True) == 0
     text = capsys.readouterr().out

@@ -48,6 +48,21 @@ __device__ __forceinline__ float from_opmath<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ double from_opmath<double>(double x) { return x; }
 
+// One-instruction approximations (MUFU): 2^v and 1/v, each within 2 ulp of
+// float32 per the PTX ISA; .ftz flushes subnormal inputs and results to zero.
+// For ops that round the result to a 2-byte type, or that bound the error
+// themselves (sigmoid's comment says how).
+__device__ __forceinline__ float ex2_approx(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ float rcp_approx(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
 // ---------------------------------------------------------------------------
 // Elementwise kernels: NIN inputs, NOUT outputs, one dtype, contiguous memory.
 //
@@ -134,6 +149,21 @@ __device__ __forceinline__ void apply_one(const Pointers<T, NIN, NOUT>& p, int64
   for (int k = 0; k < NOUT; ++k) p.out[k][i] = from_opmath<T>(y[k]);
 }
 
+// V elements of each of NIN input vectors through f, into NOUT output vectors.
+template <typename T, int V, int NIN, int NOUT, typename F>
+__device__ __forceinline__ void apply_vec(const Vec<T, V> (&in)[NIN], Vec<T, V> (&out)[NOUT], const F& f) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    opmath_t<T> x[NIN];
+    opmath_t<T> y[NOUT];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = to_opmath(in[k].v[e]);
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < NOUT; ++k) out[k].v[e] = from_opmath<T>(y[k]);
+  }
+}
+
 // Elements [0, head) and [head + nvec * V, n) one by one; [head, head + nvec * V)
 // as nvec vectors of V elements, whose addresses are multiples of V elements.
 template <typename T, int V, int NIN, int NOUT, int Threads, int Unroll, typename F>
@@ -151,6 +181,13 @@ __global__ void __launch_bounds__(Threads) elementwise_kernel(Pointers<T, NIN, N
   }
   using VecT = Vec<T, V>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * Threads * Unroll;
+  // The grid covers the data (grid_for), so a thread makes one pass: the loop
+  // is only for grids past CUDA's limit. `unroll 1`, because otherwise the
+  // compiler unrolls it by 4 and, to do so, divides (nvec - base) by step, a
+  // 64-bit division (~40 dependent instructions) before the first load: at
+  // 2^12-2^16 elements that made add's kernel 1.11 us against torch's 0.89
+  // (H200, CUPTI kernel durations, benchmarks/host_overhead.py).
+#pragma unroll 1
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * Threads * Unroll + threadIdx.x; base < nvec;
        base += step) {
     // All loads first: Unroll * NIN independent 16-byte loads in flight.
@@ -168,21 +205,33 @@ __global__ void __launch_bounds__(Threads) elementwise_kernel(Pointers<T, NIN, N
       const int64_t j = base + static_cast<int64_t>(u) * Threads;
       if (j < nvec) {
         VecT out[NOUT];
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          opmath_t<T> x[NIN];
-          opmath_t<T> y[NOUT];
-#pragma unroll
-          for (int k = 0; k < NIN; ++k) x[k] = to_opmath(in[u][k].v[e]);
-          f(x, y);
-#pragma unroll
-          for (int k = 0; k < NOUT; ++k) out[k].v[e] = from_opmath<T>(y[k]);
-        }
+        apply_vec(in[u], out, f);
 #pragma unroll
         for (int k = 0; k < NOUT; ++k) reinterpret_cast<VecT*>(p.out[k] + head)[j] = out[k];
       }
     }
   }
+}
+
+// The common case on its own: every pointer 16-byte aligned, n a multiple of
+// V, fewer than 2^31 vectors. No head or tail, no loop (the grid covers the
+// data) and 32-bit indices: the fewest instructions before the first load,
+// which is what a small call's device time is made of. At 2^12-2^16 float32
+// elements the general kernel's add took 0.97-1.03 us a call against torch's
+// 0.88-0.99 (H200, CUPTI kernel durations): its block-0 head/tail branch and
+// 64-bit index arithmetic come before the loads.
+template <typename T, int V, int NIN, int NOUT, int Threads, typename F>
+__global__ void __launch_bounds__(Threads) elementwise_kernel_aligned(Pointers<T, NIN, NOUT> p, uint32_t nvec, F f) {
+  using VecT = Vec<T, V>;
+  const uint32_t j = blockIdx.x * Threads + threadIdx.x;
+  if (j >= nvec) return;
+  VecT in[NIN];
+#pragma unroll
+  for (int k = 0; k < NIN; ++k) in[k] = reinterpret_cast<const VecT*>(p.in[k])[j];
+  VecT out[NOUT];
+  apply_vec(in, out, f);
+#pragma unroll
+  for (int k = 0; k < NOUT; ++k) reinterpret_cast<VecT*>(p.out[k])[j] = out[k];
 }
 
 // Launches elementwise_kernel over n elements: 16-byte vectors when every
@@ -201,7 +250,11 @@ const char* launch_elementwise(const Pointers<T, NIN, NOUT>& p, int64_t n, void*
 #pragma unroll
   for (int k = 0; k < NOUT; ++k) aligned = aligned && reinterpret_cast<uintptr_t>(p.out[k]) % 16 == offset;
   const auto s = static_cast<cudaStream_t>(stream);
-  if (aligned) {
+  if (aligned && offset == 0 && n > 0 && n % V == 0 && n / V <= INT32_MAX && Unroll == 1 && blocks_per_sm == kBlocksPerSm) {
+    const int64_t nvec = n / V;
+    const auto blocks = static_cast<unsigned>((nvec + Threads - 1) / Threads);
+    elementwise_kernel_aligned<T, V, NIN, NOUT, Threads><<<blocks, Threads, 0, s>>>(p, static_cast<uint32_t>(nvec), f);
+  } else if (aligned) {
     int64_t head = static_cast<int64_t>((16 - offset) % 16 / sizeof(T));
     head = head < n ? head : n;
     const int64_t nvec = (n - head) / V;

@@ -102,9 +102,14 @@ class Timer:
             self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
         else:
             self.l2_bytes = _cpu_last_level_cache()
-        # Zeroing twice the last-level cache before each timed call evicts the
-        # inputs: the op is timed from DRAM, as it runs inside a model.
-        self._flush = torch.empty(max(2 * self.l2_bytes, 1 << 20), dtype=torch.uint8, device=device)
+        # Reading twice the last-level cache before each timed call evicts the
+        # inputs: the op is timed from DRAM, as it runs inside a model. Read, not
+        # written: zeroing the buffer (as this did until 2026-11-23) left the L2
+        # full of dirty lines whose write-back the timed call then paid for,
+        # several us for a call that reads ~32 MB (fp16 matmul at M=1, K=N=8192
+        # on an H200: 46.6 us after a zeroing flush, 38.1 after a reading one;
+        # benchmarks/qqq_flush.py).
+        self._flush = torch.ones(max(2 * self.l2_bytes, 1 << 20) // 4, dtype=torch.float32, device=device)
 
     def batch(self, call: Callable[[int], Any]) -> Callable[[int], list[float]]:
         counter = [0]
@@ -118,7 +123,7 @@ class Timer:
             def run(k: int) -> list[float]:
                 events = []
                 for _ in range(k):
-                    self._flush.zero_()
+                    self._flush.sum()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     call(next_index())
@@ -133,7 +138,7 @@ class Timer:
             out = []
             for _ in range(k):
                 i = next_index()
-                self._flush.zero_()
+                self._flush.sum()
                 t0 = time.perf_counter()
                 call(i)
                 out.append((time.perf_counter() - t0) * 1e6)
@@ -327,21 +332,39 @@ def new_report(device: torch.device, *, graph: bool = False, ceilings: Ceilings 
 
 
 def _compiled(spec: OpSpec) -> Callable[..., Any]:
-    return torch.compile(spec.reference)
+    """The reference compiled for one case's shapes. Dynamo's caches are reset
+    first: with one compiled function for every size, the second size
+    recompiles it with dynamic shapes, whose generic kernels trailed eager by up
+    to 2x at 2^28 elements (H200, the issue-3 sweep), and past the recompile
+    limit it falls back to eager. A static compile per case is the strongest
+    torch.compile baseline, and the fair one."""
+    torch._dynamo.reset()
+    return torch.compile(spec.reference, dynamic=False)
 
 
-def cases_of(spec: OpSpec, device: torch.device, dtype: torch.dtype, gen: torch.Generator, *, sweep: bool) -> Iterable[Sample]:
-    if sweep and spec.sweep_cases is not None:
-        return spec.sweep_cases(device, dtype, gen)
-    return spec.bench_cases(device, dtype, gen)
+def cases_of(
+    spec: OpSpec, device: torch.device, dtype: torch.dtype, gen: torch.Generator, *, sweep: bool, only: Sequence[str] | None = None
+) -> Iterable[Sample]:
+    """The spec's benchmark cases (its sweep's with ``sweep``); ``only``: those of these names."""
+    cases = spec.sweep_cases(device, dtype, gen) if sweep and spec.sweep_cases is not None else spec.bench_cases(device, dtype, gen)
+    return cases if not only else (c for c in cases if c.desc in only)
 
 
-def count_cases(spec: OpSpec, device: torch.device, dtypes: Sequence[torch.dtype], *, sweep: bool) -> int:
-    """How many rows bench_op will produce (for a progress bar): the cases are
-    made on the meta device, which allocates nothing."""
-    del device  # the case list may depend on it; meta stands in for every device
-    meta = torch.device("meta")
-    per_dtype = sum(1 for _ in cases_of(spec, meta, torch.float32, None, sweep=sweep))  # type: ignore[arg-type]
+def case_names(spec: OpSpec, device: torch.device, *, sweep: bool) -> list[str]:
+    """The names of the spec's cases on ``device``. A GPU's are listed on the meta
+    device, which allocates nothing (its sizes are a GPU's: only the CPU's differ);
+    the CPU's cases are small enough to make."""
+    where = device if device.type == "cpu" else torch.device("meta")
+    gen = torch.Generator(device="cpu") if where.type == "cpu" else None
+    return [c.desc for c in cases_of(spec, where, torch.float32, gen, sweep=sweep)]  # type: ignore[arg-type]
+
+
+def count_cases(
+    spec: OpSpec, device: torch.device, dtypes: Sequence[torch.dtype], *, sweep: bool, only: Sequence[str] | None = None
+) -> int:
+    """How many rows bench_op will produce (for a progress bar)."""
+    names = case_names(spec, device, sweep=sweep)
+    per_dtype = sum(1 for n in names if not only or n in only)
     return per_dtype * sum(1 for d in dtypes if d in spec.dtypes)
 
 
@@ -355,21 +378,22 @@ def bench_op(
     graph: bool = False,
     compile: bool = True,
     sweep: bool = False,
+    only: Sequence[str] | None = None,
     ceilings: Ceilings | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[BenchRow]:
-    """Rows for every (dtype, case) of the op: timed if right, refused if not."""
+    """Rows for every (dtype, case) of the op (the cases named in ``only``,
+    when given): timed if right, refused if not."""
     progress(f"{spec.name}: verifying")
     verdict = check_reference(spec, device, seed)
     if not verdict.ok:
         return [BenchRow(spec.name, "-", "-", f"refused: fails its reference check ({verdict.failures[0]})")]
     timer = Timer(device)
     gen = generator(device, seed + 1)
-    compiled = _compiled(spec) if compile else None
     rows = []
     for dtype in (d for d in dtypes if d in spec.dtypes):
         dname = str(dtype).removeprefix("torch.")
-        for sample in cases_of(spec, device, dtype, gen, sweep=sweep):
+        for sample in cases_of(spec, device, dtype, gen, sweep=sweep, only=only):
             progress(f"{spec.name} {dname} {sample.desc}")
             problem = run_reference(spec, sample, dtype)
             if problem:
@@ -381,18 +405,25 @@ def bench_op(
             if ceilings:
                 row.floor_us = ceilings.floor_us(cost.bytes, cost.flops, dname)
             sets = input_sets(sample, timer.l2_bytes, gen)
+            compiled = _compiled(spec) if compile else None
             impls: dict[str, Callable[..., Any] | None] = {"opforge": spec.function, "eager": spec.reference, "compiled": compiled}
+            impls.update(dict.fromkeys(spec.baselines))
             for impl, fn in impls.items():
+                impl_sets: Sequence[Sample] = sets
+                if impl in spec.baselines:
+                    made = [spec.baselines[impl](s) for s in sets]
+                    fn, impl_sets = made[0][0], [m[1] for m in made]
                 if fn is None:
                     row.timings[impl], row.notes[impl] = None, "not asked (--no-compile)"
                     continue
                 try:
-                    row.timings[impl] = time_fn(fn, sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
+                    row.timings[impl] = time_fn(fn, impl_sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
                 except Exception as exc:
                     if impl == "opforge":
                         raise
                     row.timings[impl] = None
                     row.notes[impl] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+                del impl_sets
             rows.append(row)
             del sets
     return rows

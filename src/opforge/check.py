@@ -273,7 +273,11 @@ def check_gradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResul
 
 def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     """One mid-sized sample through torch.compile(fullgraph=True), forward and
-    (for differentiable ops) backward, equal to eager."""
+    (for differentiable ops) backward, equal to eager. The forward's outputs
+    come from the operator's own kernel either way, so they must be equal bit
+    for bit; the gradients, where a spec's backward is written in PyTorch ops
+    that Inductor fuses (and may round differently, by an ulp), to the spec's
+    float32 tolerance."""
     res = CheckResult(spec.name, "compile", "pass")
     gen = generator(device, seed)
     sample = next(s for s in spec.samples(device, torch.float32, gen) if _small(s, _OPCHECK_MAX_NUMEL) and _tensors(s.args)[0].dim() >= 2)
@@ -281,10 +285,13 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     mutated = spec.mutated_args
     kwargs = dict(sample.kwargs)
 
+    n_forward: list[int] = []
+
     def run(fn: Callable[..., Any]) -> list[torch.Tensor]:
         s = _with_grad(spec, sample) if spec.differentiable else Sample(_map_tensors(sample.args, torch.clone), kwargs)
         out = fn(*s.args)
         results = _tensors(out) + [s.args[i] for i in mutated]
+        n_forward.append(len(results))
         if spec.differentiable:
             sum(t.sum() for t in _tensors(out)).backward()
             results += [a.grad for a in s.args if isinstance(a, torch.Tensor) and a.grad is not None]
@@ -299,9 +306,13 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
         want, got = run(eager), run(compiled)
         if len(want) != len(got):
             res.failures.append(f"{spec.name}: compiled returned {len(got)} tensors, eager {len(want)}")
+        atol, rtol = spec.tolerance(torch.float32)
         for k, (w, g) in enumerate(zip(want, got, strict=False)):
-            if not torch.equal(w, g):
-                res.failures.append(f"{spec.name} [{sample.desc}]: compiled output {k} differs from eager: {compare(g, w, 0, 0)}")
+            if k < n_forward[0]:
+                if not torch.equal(w, g):
+                    res.failures.append(f"{spec.name} [{sample.desc}]: compiled output {k} differs from eager: {compare(g, w, 0, 0)}")
+            elif problem := compare(g, w, atol, rtol):
+                res.failures.append(f"{spec.name} [{sample.desc}]: compiled gradient {k - n_forward[0]} differs from eager: {problem}")
     except Exception as exc:  # noqa: BLE001
         res.failures.append(f"{spec.name} [{sample.desc}]: {_first_line(exc)}")
     res.status = "fail" if res.failures else "pass"

@@ -327,6 +327,7 @@ class BenchOptions:
     graph: bool = False
     compile: bool = True
     sweep: bool = False
+    cases: Sequence[str] | None = None
     remeasure: bool = False
     json_path: Path | None = None
     csv_path: Path | None = None
@@ -341,11 +342,15 @@ def bench_table(report) -> Table:  # noqa: ANN001
         title=f"opforge bench: {report.device_name} ({report.device}, torch {report.torch_version}, "
         f"{report.threads} threads{', CUDA graphs' if report.graph else ''}{limit})"
     )
-    for col in ("operator", "dtype", "size", "opforge us", "eager us", "compiled us", "vs eager", "vs compiled", "GB/s", "% of limit"):
+    # Baselines a spec adds (OpSpec.baselines), each with its own two columns.
+    extra = list(dict.fromkeys(k for r in report.rows for k in r.timings if k not in ("opforge", "eager", "compiled")))
+    cols = ["operator", "dtype", "size", "opforge us", "eager us", "compiled us", *(f"{b} us" for b in extra), "vs eager", "vs compiled"]
+    cols += [*(f"vs {b}" for b in extra), "GB/s", "% of limit"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("operator", "dtype", "size") else "right")
     for r in report.rows:
         if r.status != "ok":
-            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * 6)
+            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * (len(cols) - 4))
             continue
         pct = r.pct_of_limit("opforge")
         table.add_row(
@@ -355,12 +360,35 @@ def bench_table(report) -> Table:  # noqa: ANN001
             _fmt_us(r.timings.get("opforge")),
             _fmt_us(r.timings.get("eager")),
             _fmt_us(r.timings.get("compiled")),
+            *(_fmt_us(r.timings.get(b)) for b in extra),
             _fmt_x(r.speedup("eager")),
             _fmt_x(r.speedup("compiled")),
+            *(_fmt_x(r.speedup(b)) for b in extra),
             f"{r.gbps('opforge'):,.0f}",
             f"{pct:.0f}%" if pct is not None else "-",
         )
     return table
+
+
+def _fast_path_for_packages() -> None:
+    """A package's public functions take the eager fast path, as they do in a
+    user's process (where importing the package imports opforge, which loads its
+    library): the fast path's module lives in opforge's op library, so it is
+    loaded before the packages are. Without it they are timed through torch.ops."""
+    import opforge
+    from opforge.build import BuildError
+
+    try:
+        opforge.load()
+    except BuildError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        err.print(f"opforge bench: opforge's op library did not build ({first}); package operators are timed without the eager fast path",
+                  highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+
+
+def _case_key(name: str) -> tuple[int, str]:
+    """Cases named 2^N sort by N; others after them, by name."""
+    return (int(name[2:]), "") if name.startswith("2^") and name[2:].isdigit() else (1 << 30, name)
 
 
 def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
@@ -369,6 +397,8 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
 
     from opforge import bench, ceilings
 
+    if any(Path(n).is_dir() for n in names):
+        _fast_path_for_packages()
     names, projects_cuda, own_library = _projects(names)
     device = _device(device_name, projects_cuda, own_library=own_library)
     seed = _seed(seed)
@@ -378,7 +408,13 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
     with err.status(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})"):
         ceil = ceilings.load_or_measure(device, name, remeasure=opts.remeasure)
     report = bench.new_report(device, graph=opts.graph, ceilings=ceil)
-    total = sum(bench.count_cases(s, device, torch_dtypes, sweep=opts.sweep) for s in specs)
+    if opts.cases:
+        known = {n for s in specs for n in bench.case_names(s, device, sweep=opts.sweep)}
+        unknown = [c for c in opts.cases if c not in known]
+        if unknown:
+            what = "sweep cases" if opts.sweep else "cases"
+            raise SystemExit(f"opforge bench: no {what} named {', '.join(unknown)}; they are: {', '.join(sorted(known, key=_case_key))}")
+    total = sum(bench.count_cases(s, device, torch_dtypes, sweep=opts.sweep, only=opts.cases) for s in specs)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task("benchmarking", total=total)
@@ -391,7 +427,7 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
         for spec in specs:
             report.rows += bench.bench_op(
                 spec, device, seed=seed, dtypes=torch_dtypes, budget_s=opts.budget, graph=opts.graph,
-                compile=opts.compile, sweep=opts.sweep, ceilings=ceil, progress=step,
+                compile=opts.compile, sweep=opts.sweep, only=opts.cases, ceilings=ceil, progress=step,
             )  # fmt: skip
     out.print(bench_table(report))
     out.print(
@@ -437,6 +473,7 @@ def print_comparison(old, new) -> bool:  # noqa: ANN001
 def _bench_options(args: argparse.Namespace) -> BenchOptions:
     return BenchOptions(
         dtypes=args.dtype.split(","), budget=args.budget, graph=args.graph, compile=not args.no_compile, sweep=args.sweep,
+        cases=args.case.split(",") if args.case else None,
         remeasure=args.remeasure, json_path=args.json, csv_path=args.csv, plot_path=args.plot, compare_path=args.compare,
     )  # fmt: skip
 
@@ -557,6 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sp.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph (no launch overhead)")
         sp.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
         sp.add_argument("--sweep", action="store_true", help="every size the specs declare for sweeps, and a plot")
+        sp.add_argument("--case", default=None, help="comma-separated case names to run (e.g. 2^26,2^28 with --sweep); default: all")
         sp.add_argument("--remeasure", action="store_true", help="measure the machine's ceilings again")
         sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
         sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")

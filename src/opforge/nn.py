@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from opforge.quant import quantize_act_int8, quantize_weight_w4
+
 
 class Add(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -71,4 +73,72 @@ class LLTM(nn.Module):
         return f"input_features={self.input_features}, state_size={self.state_size}"
 
 
-__all__ = ["AXPBY", "LLTM", "Add", "Sigmoid", "Square"]
+class QQQLinear(nn.Module):
+    """A W4A8 linear layer on ``opforge::qqq_gemm`` (issue 8, the QQQ method):
+    int4 weights packed for the kernel, activations quantised to int8 per token
+    on the fly, integer tensor-core products, output in ``out_dtype``.
+
+    ``QQQLinear.from_linear(linear, group_size=-1 | 128)`` quantises an
+    ``nn.Linear`` (``opforge.quant.quantize_weight_w4``); ``in_features`` and
+    ``out_features`` must be multiples of 32. Inference only: no gradients.
+    """
+
+    w_packed: torch.Tensor
+    s_ch: torch.Tensor
+    s_group: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = True,
+        group_size: int = -1,
+        out_dtype: torch.dtype = torch.float16,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.group_size = group_size
+        self.out_dtype = out_dtype
+        # Placeholders of the right shapes (a zero weight); from_linear fills them.
+        qw = quantize_weight_w4(torch.zeros(in_features, out_features, device=device), group_size)
+        self.register_buffer("w_packed", qw.w_packed)
+        self.register_buffer("s_ch", qw.s_ch)
+        self.register_buffer("s_group", qw.s_group)
+        self.register_buffer("bias", torch.zeros(out_features, device=device, dtype=out_dtype) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = -1, out_dtype: torch.dtype | None = None) -> QQQLinear:
+        """The layer of ``linear``, quantised. ``out_dtype`` defaults to the
+        linear's dtype where the kernel writes it (float16, bfloat16, float32),
+        else float16."""
+        w = linear.weight.detach()
+        if out_dtype is None:
+            out_dtype = w.dtype if w.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, group_size=group_size,
+                    out_dtype=out_dtype, device=w.device)  # fmt: skip
+        qw = quantize_weight_w4(w.t(), group_size)
+        layer.w_packed, layer.s_ch, layer.s_group = qw.w_packed, qw.s_ch, qw.s_group
+        if linear.bias is not None:
+            layer.bias = linear.bias.detach().to(out_dtype).clone()
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"QQQLinear: input must have {self.in_features} features in its last dimension, got shape {list(x.shape)}")
+        a, s_tok = quantize_act_int8(x)
+        out = torch.ops.opforge.qqq_gemm(a, self.w_packed, s_tok, self.s_ch, self.s_group, self.group_size, self.out_dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        scheme = "per channel" if self.group_size == -1 else f"group_size={self.group_size}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {scheme}, "
+                f"out_dtype={self.out_dtype}")  # fmt: skip
+
+
+__all__ = ["AXPBY", "LLTM", "Add", "QQQLinear", "Sigmoid", "Square"]

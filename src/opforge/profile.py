@@ -141,8 +141,16 @@ def _say_missing(what: str, missing: Sequence[str]) -> int:
     return EXIT_MISSING
 
 
-def _library_missing() -> list[str]:
-    """Loads the op library (building it on first use); what is missing for CUDA."""
+def _library_missing(project: Path | None = None) -> list[str]:
+    """Loads the op library (building it on first use), or the package's of
+    ``project`` (already loaded by the caller); what is missing for CUDA."""
+    if project is not None:
+        from opforge.project import project_library
+
+        lib = project_library(project)
+        if lib is None or not lib.with_cuda:
+            return [f"the CUDA kernels of {project}'s op library (no .cu kernel, no nvcc, or OPFORGE_BUILD_CUDA=0)"]
+        return []
     import opforge
 
     if not opforge.load().with_cuda:
@@ -358,8 +366,11 @@ def parse_ncu_csv(text: str) -> list[KernelProfile]:
     return list(kernels.values())
 
 
-def ncu_command(ncu: str, op: str, case: str, dtype: str, *, export: Path | None = None, python: str = sys.executable) -> list[str]:
-    """The ncu command line that profiles one call of ``op`` on one case."""
+def ncu_command(
+    ncu: str, op: str, case: str, dtype: str, *, export: Path | None = None, project: Path | None = None, python: str = sys.executable
+) -> list[str]:
+    """The ncu command line that profiles one call of ``op`` on one case
+    (an operator of the package at ``project``, which the runner loads first)."""
     cmd = [
         ncu,
         "--clock-control",
@@ -376,7 +387,8 @@ def ncu_command(ncu: str, op: str, case: str, dtype: str, *, export: Path | None
     ]
     if export is not None:
         cmd += ["--export", str(export), "--force-overwrite"]
-    return [*cmd, python, "-m", "opforge.profile", "--run-case", op, case, dtype]
+    runner = [python, "-m", "opforge.profile", "--run-case", op, case, dtype]
+    return [*cmd, *runner, *(("--project", str(project)) if project is not None else ())]
 
 
 def ncu_import_command(ncu: str, report: Path) -> list[str]:
@@ -463,9 +475,10 @@ def _resolve(spec_name: str) -> OpSpec:
         raise ValueError(exc.args[0]) from None
 
 
-def profile_op(spec_name: str, case: str | None, dtype: str, full: bool) -> int:
+def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, project: Path | None = None) -> int:
     """Profiles one call of the op on one benchmark case under ncu and prints
-    a table, one row per kernel. Returns the exit status (2: cannot run here)."""
+    a table, one row per kernel. ``project``: the op is one of that package's
+    (``opforge new``'s), already loaded. Returns the exit status (2: cannot run here)."""
     import torch
 
     from opforge.check import generator
@@ -473,7 +486,7 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool) -> int:
     ncu, missing = _missing("ncu")
     if missing:
         return _say_missing("profile", missing)
-    missing = _library_missing()
+    missing = _library_missing(project)
     if missing:
         return _say_missing("profile", missing)
     try:
@@ -491,7 +504,7 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool) -> int:
     assert ncu is not None
     dname = _dtype_name(torch_dtype)
     report = _report_path(spec.name, chosen.desc, dname) if full else None
-    cmd = ncu_command(ncu, spec.name, chosen.desc, dname, export=report)
+    cmd = ncu_command(ncu, spec.qualname if project else spec.name, chosen.desc, dname, export=report, project=project)
     env = _child_env()
     res = _run(cmd, env, f"ncu: profiling {spec.name} {dname} [{chosen.desc}]")
     text = res.stdout
@@ -601,8 +614,10 @@ def parse_sanitizer_summary(text: str) -> tuple[int, list[str]]:
     return rep.errors, rep.kernels
 
 
-def sanitizer_command(sanitizer: str, tool: str, op: str, seed: int, *, python: str = sys.executable) -> list[str]:
-    """The compute-sanitizer command line that runs ``opforge check OP`` on CUDA under ``tool``."""
+def sanitizer_command(sanitizer: str, tool: str, op: str | Sequence[str], seed: int, *, python: str = sys.executable) -> list[str]:
+    """The compute-sanitizer command line that runs ``opforge check OP [OP ...]``
+    on CUDA under ``tool``; an OP may be a package directory (``opforge check DIR``)."""
+    ops = [op] if isinstance(op, str) else list(op)
     return [
         sanitizer,
         "--tool",
@@ -614,7 +629,7 @@ def sanitizer_command(sanitizer: str, tool: str, op: str, seed: int, *, python: 
         "-m",
         "opforge",
         "check",
-        op,
+        *ops,
         "--device",
         "cuda",
         "--checks",
@@ -633,33 +648,37 @@ def _sanitizer_env() -> dict[str, str]:
     return env
 
 
-def sanitize_op(spec_name: str, seed: int | None) -> int:
-    """Runs the op's reference check on CUDA under each compute-sanitizer tool and
-    prints a tool -> errors table. Returns the exit status (1 on any error or
-    failed run, 2: cannot run here)."""
+def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Path | None = None) -> int:
+    """Runs the reference check of the op (or ops: one check over all of them)
+    on CUDA under each compute-sanitizer tool and prints a tool -> errors table;
+    with ``project``, the check of that package (all its operators). Returns the
+    exit status (1 on any error or failed run, 2: cannot run here)."""
     sanitizer, missing = _missing("compute-sanitizer")
     if missing:
         return _say_missing("profile --sanitize", missing)
-    missing = _library_missing()
+    missing = _library_missing(project)
     if missing:
         return _say_missing("profile --sanitize", missing)
+    names = [spec_name] if isinstance(spec_name, str) else list(spec_name)
     try:
-        spec = _resolve(spec_name)
+        specs = [_resolve(n) for n in names]
     except ValueError as exc:
         err.print(f"opforge profile --sanitize: {exc}", soft_wrap=True, markup=False, highlight=False)
         return 1
     assert sanitizer is not None
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
-    err.print(f"opforge profile --sanitize {spec.name}, seed {seed} (rerun with --seed {seed})", highlight=False)
+    targets = [str(project)] if project is not None else [s.name for s in specs]
+    target = " ".join(targets)
+    err.print(f"opforge profile --sanitize {target}, seed {seed} (rerun with --seed {seed})", highlight=False)
     env = _sanitizer_env()
-    table = Table(title=f"compute-sanitizer: opforge check {spec.name} --device cuda --checks reference --seed {seed}")
+    table = Table(title=f"compute-sanitizer: opforge check {target} --device cuda --checks reference --seed {seed}")
     for col in ("tool", "errors", "result", "kernels with errors"):
         table.add_column(col, justify="right" if col == "errors" else "left")
     failed = False
     notes: list[str] = []
     for tool in SANITIZER_TOOLS:
-        cmd = sanitizer_command(sanitizer, tool, spec.name, seed)
-        res = _run(cmd, env, f"compute-sanitizer --tool {tool}: opforge check {spec.name}")
+        cmd = sanitizer_command(sanitizer, tool, targets, seed)
+        res = _run(cmd, env, f"compute-sanitizer --tool {tool}: opforge check {target}")
         rep = _parse_sanitizer(res.stdout)
         ok = rep.errors == 0 and res.returncode == 0
         failed |= not ok
@@ -689,10 +708,47 @@ def sanitize_op(spec_name: str, seed: int | None) -> int:
 # ---------------------------------------------------------------- CLI
 
 
+def _package_ops(target: str) -> tuple[Path | None, list[str]] | int:
+    """``target`` as (package directory or None, operators): a package of ``opforge
+    new``'s is loaded (built on first use) and stands for its operators. An int
+    is the exit status of a failed load, already reported."""
+    from opforge.build import BuildError
+    from opforge.project import ProjectError, find_project, load_project, not_a_project
+
+    path = Path(target)
+    try:
+        if not path.is_dir():
+            return None, [target]
+        if find_project(path) is None:
+            raise ProjectError(not_a_project(target))
+        return path.resolve(), [s.qualname for s in load_project(path)]
+    except (ProjectError, BuildError) as exc:
+        err.print(f"opforge profile: {exc}", soft_wrap=True, markup=False, highlight=False)
+        return 1
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
+    targets: list[tuple[Path | None, list[str]]] = []
+    for target in args.op:
+        found = _package_ops(target)
+        if isinstance(found, int):
+            return found
+        targets.append(found)
+    status = 0
     if args.sanitize:
-        return sanitize_op(args.op, args.seed)
-    return profile_op(args.op, args.case, args.dtype, args.full)
+        # One sanitizer run per tool checks every operator named (`opforge check A B ...`), and
+        # one per package (`opforge check DIR` checks all its operators).
+        names = [op for project, ops in targets if project is None for op in ops]
+        if names:
+            status = sanitize_op(names if len(names) > 1 else names[0], args.seed, project=None)
+        for project, ops in targets:
+            if project is not None:
+                status = max(status, sanitize_op(ops[0], args.seed, project=project))
+        return status
+    for project, ops in targets:
+        for op in ops:
+            status = max(status, profile_op(op, args.case, args.dtype, args.full, project=project))
+    return status
 
 
 def register_cli(subparsers: Any) -> None:
@@ -701,7 +757,7 @@ def register_cli(subparsers: Any) -> None:
         "profile",
         help="profile one operator's kernels with Nsight Compute, or run compute-sanitizer over its checks (--sanitize)",
     )
-    sp.add_argument("op", help="the operator")
+    sp.add_argument("op", nargs="+", help="operators, or package directories of opforge new's (each of their operators)")
     sp.add_argument("--case", default=None, help="benchmark case to profile, by name (e.g. 2^20; default: the largest)")
     sp.add_argument("--dtype", default="float32", help="dtype of the inputs (default float32)")
     sp.add_argument("--full", action="store_true", help="also save ncu's full report (.ncu-rep) in the current folder")
@@ -713,15 +769,21 @@ def register_cli(subparsers: Any) -> None:
 # ---------------------------------------------------------------- the runner ncu runs
 
 
-def run_case(op: str, case: str, dtype: str, *, seed: int = _RUN_SEED, warmup: int = _WARMUP_CALLS) -> int:
+def run_case(op: str, case: str, dtype: str, *, seed: int = _RUN_SEED, warmup: int = _WARMUP_CALLS, project: str | None = None) -> int:
     """Builds one benchmark case on CUDA and calls the op once between
-    cudaProfilerStart and cudaProfilerStop, after ``warmup`` calls."""
+    cudaProfilerStart and cudaProfilerStop, after ``warmup`` calls. ``project``:
+    the package directory whose operator ``op`` is (loaded instead of opforge's library)."""
     import torch
 
     import opforge
     from opforge.check import generator
 
-    opforge.load()
+    if project is not None:
+        from opforge.project import load_project
+
+        load_project(project)
+    else:
+        opforge.load()
     spec = _resolve(op)
     device = torch.device("cuda")
     sample = next((s for s in spec.bench_cases(device, parse_dtype(dtype), generator(device, seed)) if s.desc == case), None)
@@ -746,9 +808,10 @@ def _main(argv: Sequence[str]) -> int:
     p.add_argument("--run-case", nargs=3, metavar=("OP", "CASE", "DTYPE"), required=True)
     p.add_argument("--seed", type=int, default=_RUN_SEED)
     p.add_argument("--warmup", type=int, default=_WARMUP_CALLS)
+    p.add_argument("--project", default=None, help="a package directory of opforge new's whose operator OP is")
     a = p.parse_args(argv)
     op, case, dtype = a.run_case
-    return run_case(op, case, dtype, seed=a.seed, warmup=a.warmup)
+    return run_case(op, case, dtype, seed=a.seed, warmup=a.warmup, project=a.project)
 
 
 if __name__ == "__main__":

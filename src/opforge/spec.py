@@ -61,6 +61,10 @@ class Cost:
 
 
 SampleFn = Callable[[torch.device, torch.dtype, torch.Generator], Iterable[Sample]]
+# A baseline of `opforge bench` besides the reference: from one of the op's
+# samples, the function to time and its own arguments, prepared untimed (for
+# example the float16 matmul that a quantised operator replaces).
+Baseline = Callable[[Sample], tuple[Callable[..., Any], Sample]]
 
 
 @dataclass
@@ -81,6 +85,8 @@ class OpSpec:
     namespace: str = "opforge"
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    # Extra `opforge bench` columns, by name (Baseline above); none by default.
+    baselines: Mapping[str, Baseline] = field(default_factory=dict)
     doc: str = ""
     function: Callable[..., Any] = field(init=False, repr=False)
 

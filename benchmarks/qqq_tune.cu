@@ -1,0 +1,528 @@
+// Checking and tuning the W4A8 GEMM kernel (csrc/ops/qqq_gemm/qqq_gemm_kernel.cuh)
+// without torch: every tile configuration below is first compared bit for bit
+// with a CPU reference (the op's CPU kernel's arithmetic: exact int32 sums, the
+// same float32 epilogue) on odd shapes, per channel and per group, with forced
+// split counts; a bad group scale must give NaN. Then each is timed on issue
+// 8's shapes (K = N = 8192, 4096 x 11008, 11008 x 4096; M = 1 .. 128) against
+// the weight-read floor (packed bytes at the measured device copy bandwidth).
+//
+//   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
+//        benchmarks/qqq_tune.cu -o /tmp/qqq_tune && /tmp/qqq_tune
+//
+// Times: CUDA events around the call alone (plan, counter memset and kernel),
+// median of 25 calls after 3 warm-ups, the L2 flushed before each call by
+// writing 256 MB ("dirty", as opforge bench does) or by reading 256 MB
+// ("clean"); the op's launcher is also timed without a flush. Prints "FAIL"
+// lines and exits 1 on any mismatch. `--check-only`: the op configurations'
+// checks alone; `--sanitize`: a few small ones (for compute-sanitizer).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+// The op's launcher in this translation unit: its configurations, its plan
+// (qqq_gemm_cuda) and the kernel templates.
+#include "ops/qqq_gemm/qqq_gemm_kernel.cu"
+
+using namespace opforge;
+using qqq::Config;
+
+#define CHECK(x)                                                                          \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+static int g_failures = 0;
+// --sanitize: a few small cases per configuration, for compute-sanitizer's slow tools.
+static bool g_light = false;
+
+struct Problem {
+  int M, K, N, gs;  // gs = -1: per channel
+  std::vector<int8_t> a, q, sg;
+  std::vector<float> st, sc;
+  std::vector<int32_t> packed;
+};
+
+// LAYOUT.md: word ((nb * KB + kb) * 32 + g * 4 + t) * 4 + j, nibble 2 i + h
+// holds q[kb*32 + h*16 + t*4 + i][nb*32 + g*4 + j].
+static std::vector<int32_t> pack(const std::vector<int8_t>& q, int K, int N) {
+  std::vector<int32_t> w(static_cast<size_t>(K) * N / 8, 0);
+  const int KB = K / 32;
+  for (int nb = 0; nb < N / 32; ++nb)
+    for (int kb = 0; kb < KB; ++kb)
+      for (int g = 0; g < 8; ++g)
+        for (int t = 0; t < 4; ++t)
+          for (int j = 0; j < 4; ++j) {
+            uint32_t word = 0;
+            for (int i = 0; i < 4; ++i)
+              for (int h = 0; h < 2; ++h) {
+                const int k = kb * 32 + h * 16 + t * 4 + i, n = nb * 32 + g * 4 + j;
+                word |= (static_cast<uint32_t>(q[static_cast<size_t>(k) * N + n]) & 0xFu) << (4 * (2 * i + h));
+              }
+            w[((static_cast<size_t>(nb) * KB + kb) * 32 + g * 4 + t) * 4 + j] = static_cast<int32_t>(word);
+          }
+  return w;
+}
+
+static Problem make_problem(int M, int K, int N, int gs, uint32_t seed, bool extremes = false) {
+  std::mt19937 rng(seed);
+  Problem p{M, K, N, gs, {}, {}, {}, {}, {}, {}};
+  p.a.resize(static_cast<size_t>(M) * K);
+  p.q.resize(static_cast<size_t>(K) * N);
+  for (auto& v : p.a) v = extremes ? (rng() & 1 ? 127 : -128) : static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+  for (auto& v : p.q) v = extremes ? (rng() & 1 ? 7 : -8) : static_cast<int8_t>(static_cast<int>(rng() % 16) - 8);
+  if (gs > 0) {
+    p.sg.resize(static_cast<size_t>(K / gs) * N);
+    for (auto& v : p.sg) v = extremes ? (rng() & 1 ? 16 : 1) : static_cast<int8_t>(1 + rng() % 16);
+  }
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  p.st.resize(M);
+  p.sc.resize(N);
+  for (auto& v : p.st) v = u(rng) * 1e-3f;
+  for (auto& v : p.sc) v = u(rng) * 1e-3f;
+  p.packed = pack(p.q, K, N);
+  return p;
+}
+
+// The op's CPU kernel, in float32 output.
+static std::vector<float> reference(const Problem& p) {
+  std::vector<float> out(static_cast<size_t>(p.M) * p.N);
+  std::vector<int32_t> col(p.K);
+  for (int n = 0; n < p.N; ++n) {
+    for (int k = 0; k < p.K; ++k) {
+      int v = p.q[static_cast<size_t>(k) * p.N + n];
+      if (p.gs > 0) v *= p.sg[static_cast<size_t>(k / p.gs) * p.N + n];
+      col[k] = v;
+    }
+    for (int m = 0; m < p.M; ++m) {
+      int32_t acc = 0;
+      const int8_t* row = p.a.data() + static_cast<size_t>(m) * p.K;
+      for (int k = 0; k < p.K; ++k) acc += static_cast<int32_t>(row[k]) * col[k];
+      out[static_cast<size_t>(m) * p.N + n] = (static_cast<float>(acc) * p.st[m]) * p.sc[n];
+    }
+  }
+  return out;
+}
+
+struct Device {
+  int8_t *a = nullptr, *sg = nullptr;
+  int32_t* w = nullptr;
+  float *st = nullptr, *sc = nullptr;
+  void* out = nullptr;
+  uint8_t* ws = nullptr;
+  size_t ws_bytes = 0;
+};
+
+template <typename T>
+static T* upload(const std::vector<T>& v) {
+  if (v.empty()) return nullptr;
+  T* d = nullptr;
+  CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+static Device upload(const Problem& p, DType out_dtype) {
+  Device d;
+  d.a = upload(p.a);
+  d.w = upload(p.packed);
+  d.st = upload(p.st);
+  d.sc = upload(p.sc);
+  d.sg = upload(p.sg);
+  const size_t esz = out_dtype == DType::Float32 ? 4 : 2;
+  CHECK(cudaMalloc(&d.out, std::max<size_t>(1, static_cast<size_t>(p.M) * p.N * esz)));
+  return d;
+}
+
+static void release(Device& d) {
+  for (void* ptr : {static_cast<void*>(d.a), static_cast<void*>(d.sg), static_cast<void*>(d.w), static_cast<void*>(d.st),
+                    static_cast<void*>(d.sc), d.out, static_cast<void*>(d.ws)})
+    if (ptr) CHECK(cudaFree(ptr));
+  d = Device{};
+}
+
+static QqqGemmArgs args_of(const Problem& p, Device& d, DType out_dtype) {
+  return QqqGemmArgs{d.a, d.w, d.st, d.sc, d.sg, d.out, p.M, p.N, p.K, p.gs, out_dtype, d.ws};
+}
+
+template <class C>
+static const char* run(const Problem& p, Device& d, DType dt, int force_splits, int sms, qqq::Plan* used = nullptr) {
+  const qqq::Plan plan = qqq::make_plan<C>(p.M, p.N, p.K, sms, force_splits);
+  if (used) *used = plan;
+  if (static_cast<size_t>(plan.workspace_bytes()) > d.ws_bytes) {
+    if (d.ws) CHECK(cudaFree(d.ws));
+    d.ws_bytes = plan.workspace_bytes();
+    CHECK(cudaMalloc(&d.ws, d.ws_bytes));
+    CHECK(cudaMemset(d.ws, 0, d.ws_bytes));  // counters start at zero, as the launcher's memset leaves them
+  }
+  QqqGemmArgs args = args_of(p, d, dt);
+  return p.gs > 0 ? qqq::launch<C, true>(args, plan, nullptr) : qqq::launch<C, false>(args, plan, nullptr);
+}
+
+template <class C>
+static void check_config(const char* name, int sms) {
+  struct Case {
+    int M, K, N, gs;
+    bool extremes;
+  };
+  const Case cases[] = {
+      {1, 32, 32, -1, false},   {7, 96, 96, 32, false},     {16, 256, 160, 128, false}, {33, 4096, 128, 128, false},
+      {100, 384, 288, 64, false}, {128, 1024, 256, -1, false}, {200, 512, 96, 128, false}, {5, 11008, 64, 128, false},
+      {3, 1024, 96, -1, true},  {64, 1024, 64, 128, true},   {17, 0, 64, -1, false},      {129, 2048, 416, 128, false},
+  };
+  int n_ok = 0, n_runs = 0;
+  int index = -1;
+  for (const Case& c : cases) {
+    ++index;
+    if (g_light && index != 1 && index != 2 && index != 9) continue;
+    const Problem p = make_problem(c.M, c.K, c.N, c.gs, 1234u + c.M * 7 + c.K + c.N, c.extremes);
+    const std::vector<float> ref = reference(p);
+    for (DType dt : {DType::Float32, DType::Float16}) {
+      if (g_light && dt == DType::Float16) continue;
+      Device d = upload(p, dt);
+      for (int force : {0, 1, 3}) {
+        ++n_runs;
+        qqq::Plan plan;
+        CHECK(cudaMemset(d.out, 0xFF, static_cast<size_t>(p.M) * p.N * (dt == DType::Float32 ? 4 : 2)));  // NaN poison
+        const char* err = run<C>(p, d, dt, force, sms, &plan);
+        CHECK(cudaDeviceSynchronize());
+        if (err) {
+          std::printf("FAIL %s M=%d K=%d N=%d gs=%d: launch error %s\n", name, c.M, c.K, c.N, c.gs, err);
+          ++g_failures;
+          continue;
+        }
+        size_t bad = 0, first = 0;
+        float got_first = 0, want_first = 0;
+        if (dt == DType::Float32) {
+          std::vector<float> got(ref.size());
+          CHECK(cudaMemcpy(got.data(), d.out, got.size() * 4, cudaMemcpyDeviceToHost));
+          for (size_t i = 0; i < got.size(); ++i)
+            if (std::memcmp(&got[i], &ref[i], 4) != 0 && bad++ == 0) first = i, got_first = got[i], want_first = ref[i];
+        } else {
+          std::vector<__half> got(ref.size());
+          CHECK(cudaMemcpy(got.data(), d.out, got.size() * 2, cudaMemcpyDeviceToHost));
+          for (size_t i = 0; i < got.size(); ++i) {
+            const __half want = __float2half_rn(ref[i]);
+            if (std::memcmp(&got[i], &want, 2) != 0 && bad++ == 0)
+              first = i, got_first = __half2float(got[i]), want_first = __half2float(want);
+          }
+        }
+        if (bad) {
+          std::printf("FAIL %s M=%d K=%d N=%d gs=%d %s splits=%d: %zu/%zu differ, first [%zu, %zu] got %g want %g\n", name, c.M,
+                      c.K, c.N, c.gs, dt == DType::Float32 ? "f32" : "f16", plan.splits, bad, ref.size(), first / p.N, first % p.N,
+                      got_first, want_first);
+          ++g_failures;
+        } else {
+          ++n_ok;
+        }
+      }
+      release(d);
+    }
+  }
+  // A group scale outside [1, 16]: NaN in its tile, never a plausible number.
+  {
+    Problem p = make_problem(16, 256, 64, 128, 99u);
+    p.sg[1 * 64 + 5] = 17;
+    Device d = upload(p, DType::Float32);
+    for (int force : {1, 2}) {
+      const char* err = run<C>(p, d, DType::Float32, force, sms);
+      CHECK(cudaDeviceSynchronize());
+      std::vector<float> got(static_cast<size_t>(p.M) * p.N);
+      CHECK(cudaMemcpy(got.data(), d.out, got.size() * 4, cudaMemcpyDeviceToHost));
+      const bool nan_there = std::isnan(got[5]) && std::isnan(got[static_cast<size_t>(15) * 64 + 5]);
+      ++n_runs;
+      if (err || !nan_there) {
+        std::printf("FAIL %s: group scale 17 did not give NaN (splits %d)\n", name, force);
+        ++g_failures;
+      } else {
+        ++n_ok;
+      }
+    }
+    release(d);
+  }
+  std::printf("check %-28s %d/%d runs bit-exact (f32 and f16 outputs, splits auto/1/3, NaN on a bad group scale)\n", name, n_ok, n_runs);
+}
+
+// The op's launcher itself (configuration and splits chosen per call) on the same cases.
+static void check_op_launcher(int sms) {
+  (void)sms;
+  const int cases[][4] = {{1, 8192, 256, -1}, {16, 4096, 1024, 128}, {33, 11008, 128, 128}, {59, 256, 1024, -1},
+                          {64, 1024, 512, 128}, {64, 1024, 512, -1}, {128, 1024, 4096, 128}, {200, 512, 96, -1}, {7, 0, 64, -1}};
+  int ok = 0, runs = 0;
+  for (const auto& c : cases) {
+    if (g_light && c[0] * static_cast<int64_t>(c[1]) * c[2] > (int64_t{1} << 24)) continue;
+    const Problem p = make_problem(c[0], c[1], c[2], c[3], 77u + c[0] + c[1]);
+    const std::vector<float> ref = reference(p);
+    Device d = upload(p, DType::Float32);
+    d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs > 0));
+    if (d.ws_bytes) CHECK(cudaMalloc(&d.ws, d.ws_bytes));
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be left as found
+      ++runs;
+      CHECK(cudaMemset(d.out, 0xFF, static_cast<size_t>(p.M) * p.N * 4));
+      const char* err = qqq_gemm_cuda(args_of(p, d, DType::Float32), nullptr);
+      CHECK(cudaDeviceSynchronize());
+      std::vector<float> got(ref.size());
+      CHECK(cudaMemcpy(got.data(), d.out, got.size() * 4, cudaMemcpyDeviceToHost));
+      const bool same = !err && std::memcmp(got.data(), ref.data(), got.size() * 4) == 0;
+      if (!same) {
+        std::printf("FAIL op launcher M=%d K=%d N=%d gs=%d: %s\n", p.M, p.K, p.N, p.gs, err ? err : "differs");
+        ++g_failures;
+      } else {
+        ++ok;
+      }
+    }
+    release(d);
+  }
+  std::printf("check %-28s %d/%d runs bit-exact\n", "op launcher (qqq_gemm_cuda)", ok, runs);
+}
+
+// --- timing ---
+
+static uint8_t* g_flush = nullptr;
+static uint32_t* g_sink = nullptr;
+constexpr size_t kFlushBytes = 256u << 20;
+
+// Reads n 16-byte words and writes nothing (unless a checksum matches a
+// constant it never matches): the streaming-read floor, and a flush that
+// leaves the L2 full of clean lines.
+__global__ void stream_read(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
+  uint32_t x = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+    x ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) x ^= p[i].x;
+  if (x == 0x9E3779B9u) *sink = x;
+}
+
+static int g_sms = 0;
+static void launch_stream_read(const void* p, size_t bytes) {
+  stream_read<<<g_sms * 4, 512>>>(static_cast<const uint4*>(p), bytes / 16, g_sink);
+}
+
+// Flush modes: "dirty" writes 256 MB (opforge bench's zero_(): the L2 is left
+// full of dirty lines that the timed kernel's reads must write back),
+// "clean" reads 256 MB (the L2 left full of clean lines), "none" (the
+// weights partly in L2 from the previous call).
+enum class Flush { Dirty, Clean, None };
+
+template <typename F>
+static float median_us(F launch, Flush flush = Flush::Dirty, int reps = 25) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) launch();
+  std::vector<float> ts;
+  for (int i = 0; i < reps; ++i) {
+    if (flush == Flush::Dirty) CHECK(cudaMemsetAsync(g_flush, i & 0xFF, kFlushBytes));
+    if (flush == Flush::Clean) launch_stream_read(g_flush, kFlushBytes);
+    CHECK(cudaEventRecord(e0));
+    launch();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    ts.push_back(ms * 1e3f);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+static double g_copy_gbps = 0;
+
+// The timed problems share one weight per (K, N, scheme) and one activation
+// per M, made once on the host and uploaded (K = N = 8192 is 67M weights).
+struct Timed {
+  Problem p;  // sizes only
+  Device d;
+};
+
+static Timed make_timed(int M, int K, int N, int gs, const Device& weights) {
+  Timed t;
+  t.p.M = M, t.p.K = K, t.p.N = N, t.p.gs = gs;
+  std::mt19937 rng(11u + M);
+  std::vector<int8_t> a(static_cast<size_t>(M) * K);
+  for (auto& v : a) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+  std::vector<float> st(M, 1e-3f);
+  t.d = weights;
+  t.d.a = upload(a);
+  t.d.st = upload(st);
+  CHECK(cudaMalloc(&t.d.out, static_cast<size_t>(M) * N * 2));
+  t.d.ws = nullptr;
+  t.d.ws_bytes = 0;
+  return t;
+}
+
+static void release_timed(Timed& t) {
+  for (void* ptr : {static_cast<void*>(t.d.a), static_cast<void*>(t.d.st), t.d.out, static_cast<void*>(t.d.ws)})
+    if (ptr) CHECK(cudaFree(ptr));
+}
+
+static Device make_weights(int K, int N, int gs) {
+  uint32_t x = 2463534242u;  // xorshift32: 67M draws in well under a second
+  auto next = [&] { return x ^= x << 13, x ^= x >> 17, x ^= x << 5; };
+  std::vector<int8_t> q(static_cast<size_t>(K) * N);
+  for (auto& v : q) v = static_cast<int8_t>(static_cast<int>(next() % 16) - 8);
+  Device d;
+  d.w = upload(pack(q, K, N));
+  std::vector<float> sc(N, 1e-3f);
+  d.sc = upload(sc);
+  if (gs > 0) {
+    std::vector<int8_t> sg(static_cast<size_t>(K / gs) * N);
+    for (auto& v : sg) v = static_cast<int8_t>(1 + next() % 16);
+    d.sg = upload(sg);
+  }
+  return d;
+}
+
+static double floor_us(const Problem& p) { return (static_cast<double>(p.K) * p.N / 2) / (g_copy_gbps * 1e3); }
+
+template <class C>
+static void time_config(const char* name, Timed& t, int sms, const std::vector<int>& forced) {
+  const Problem& p = t.p;
+  for (int force : forced) {
+    qqq::Plan plan;
+    const char* err = run<C>(p, t.d, DType::Float16, force, sms, &plan);
+    CHECK(cudaDeviceSynchronize());
+    if (err) {
+      std::printf("FAIL time %s: %s\n", name, err);
+      ++g_failures;
+      continue;
+    }
+    const float us = median_us([&] { run<C>(p, t.d, DType::Float16, force, sms); });
+    std::printf("time K=%5d N=%5d M=%3d %-9s %-18s splits=%2d ctas=%5d %8.2f us %5.1f%% of weight floor\n", p.K, p.N, p.M,
+                p.gs > 0 ? "group128" : "channel", name, plan.splits, plan.tiles_m * plan.tiles_n * plan.splits, us,
+                100.0 * floor_us(p) / us);
+  }
+}
+
+// The op's own launcher under each flush, against reading the packed weights alone.
+static void time_op(Timed& t, float read_dirty, float read_clean) {
+  const Problem& p = t.p;
+  t.d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs > 0));
+  if (t.d.ws_bytes) CHECK(cudaMalloc(&t.d.ws, t.d.ws_bytes));
+  const QqqGemmArgs args = args_of(p, t.d, DType::Float16);
+  float us[3];
+  for (Flush f : {Flush::Dirty, Flush::Clean, Flush::None})
+    us[static_cast<int>(f)] = median_us([&] { qqq_gemm_cuda(args, nullptr); }, f);
+  std::printf("op   K=%5d N=%5d M=%3d %-9s dirty %7.2f us (%4.1f%% of floor, read-only %6.2f)  clean %7.2f us (%4.1f%%, "
+              "read-only %6.2f)  no flush %7.2f us\n",
+              p.K, p.N, p.M, p.gs > 0 ? "group128" : "channel", us[0], 100 * floor_us(p) / us[0], read_dirty, us[1],
+              100 * floor_us(p) / us[1], read_clean, us[2]);
+}
+
+// Informational variants (not the op's): <MBW, WM, WN, WK, UK, STAGES, MINB>
+using S_64x256 = Config<1, 1, 2, 4, 2, 4>;
+using S_64x512_3st = Config<1, 1, 2, 4, 4, 3>;
+using S_32x1024 = Config<1, 1, 1, 8, 4, 4>;
+using M32_64x512 = Config<2, 1, 2, 4, 4, 4>;
+using L_128x128_2cta = Config<4, 2, 4, 1, 4, 3, 2>;
+using L_64x128 = Config<2, 2, 4, 1, 4, 4>;
+
+int main(int argc, char** argv) {
+  g_light = argc > 1 && std::strcmp(argv[1], "--sanitize") == 0;
+  const bool check_only = g_light || (argc > 1 && std::strcmp(argv[1], "--check-only") == 0);
+  int dev = 0;
+  CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  const int sms = g_sms = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+
+  check_config<Narrow>("Narrow (op, M<=16)", sms);
+  check_config<Wide>("Wide (op, M<=16)", sms);
+  check_config<M32>("M32 (op)", sms);
+  check_config<M64Channel>("M64Channel (op)", sms);
+  check_config<M64Group>("M64Group (op)", sms);
+  check_config<Large>("Large (op, M>64)", sms);
+  check_op_launcher(sms);
+  if (check_only || g_failures) {
+    std::printf(g_failures ? "%d FAILURES in the checks\n" : "all checks passed\n", g_failures);
+    return g_failures ? 1 : 0;
+  }
+  check_config<S_32x1024>("S_32x1024", sms);
+  check_config<L_128x128_2cta>("L_128x128_2cta", sms);
+
+  CHECK(cudaMalloc(&g_flush, kFlushBytes));
+  CHECK(cudaMemset(g_flush, 1, kFlushBytes));
+  CHECK(cudaMalloc(&g_sink, 4));
+  {
+    const size_t bytes = size_t{1} << 30;
+    void *src, *dst;
+    CHECK(cudaMalloc(&src, bytes));
+    CHECK(cudaMalloc(&dst, bytes));
+    CHECK(cudaMemset(src, 1, bytes));
+    const float us = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, Flush::Dirty, 10);
+    g_copy_gbps = 2.0 * bytes / (us * 1e3);
+    const float read_us = median_us([&] { launch_stream_read(src, bytes); }, Flush::Clean, 10);
+    std::printf("device copy: %.0f GB/s (bytes read + written); streaming read of 1 GiB: %.0f GB/s\n", g_copy_gbps,
+                bytes / (read_us * 1e3));
+    CHECK(cudaFree(src));
+    CHECK(cudaFree(dst));
+  }
+
+  const int shapes[3][2] = {{8192, 8192}, {4096, 11008}, {11008, 4096}};
+  for (const auto& s : shapes) {
+    const int K = s[0], N = s[1];
+    for (int gs : {-1, 128}) {
+      const Device weights = make_weights(K, N, gs);
+      const size_t wbytes = static_cast<size_t>(K) * N / 2;
+      const float read_dirty = median_us([&] { launch_stream_read(weights.w, wbytes); }, Flush::Dirty);
+      const float read_clean = median_us([&] { launch_stream_read(weights.w, wbytes); }, Flush::Clean);
+      for (int M : {1, 16, 32, 64, 128}) {
+        Timed t = make_timed(M, K, N, gs, weights);
+        time_op(t, read_dirty, read_clean);
+        release_timed(t);
+      }
+      const std::vector<int> autos = {0};
+      for (int M : {1, 16}) {
+        Timed t = make_timed(M, K, N, gs, weights);
+        time_config<Narrow>("Narrow", t, sms, autos);
+        time_config<Wide>("Wide", t, sms, {0, 1});
+        time_config<S_64x256>("S_64x256", t, sms, autos);
+        time_config<S_64x512_3st>("S_64x512_3st", t, sms, autos);
+        time_config<S_32x1024>("S_32x1024", t, sms, autos);
+        release_timed(t);
+      }
+      {
+        Timed t = make_timed(32, K, N, gs, weights);
+        time_config<M32>("M32", t, sms, autos);
+        time_config<M32_64x512>("M32_64x512", t, sms, autos);
+        release_timed(t);
+      }
+      {
+        Timed t = make_timed(64, K, N, gs, weights);
+        time_config<M64Channel>("M64Channel", t, sms, autos);
+        time_config<M64Group>("M64Group", t, sms, autos);
+        time_config<L_64x128>("L_64x128", t, sms, autos);
+        release_timed(t);
+      }
+      {
+        Timed t = make_timed(128, K, N, gs, weights);
+        time_config<Large>("Large", t, sms, autos);
+        time_config<L_128x128_2cta>("L_128x128_2cta", t, sms, autos);
+        time_config<M64Channel>("M64Channel(M128)", t, sms, autos);
+        release_timed(t);
+      }
+      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
+        if (ptr) CHECK(cudaFree(ptr));
+    }
+  }
+  std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
+  return g_failures ? 1 : 0;
+}

@@ -1,0 +1,80 @@
+// The W4A8 GEMM's launcher: which tile configuration and how many splits of
+// K, per call (the kernel is in qqq_gemm_kernel.cuh, the layout in LAYOUT.md).
+
+#include "qqq_gemm_kernel.cuh"
+
+namespace opforge {
+namespace {
+
+using qqq::Config;
+using qqq::Plan;
+
+// Tile configurations <MBW, WM, WN, WK, UK, STAGES, MINB>, chosen from the
+// sweep of benchmarks/qqq_tune.cu on an H200 (K = N = 8192, 4096 x 11008,
+// 11008 x 4096; benchmarks/results/qqq-tune_nvidia-h200_2026-11-23.txt).
+// Small M streams weights: 16 rows, 16 KB of weights per stage, 4 stages.
+//   Narrow: 64 columns x 512 k, fastest at K = N = 8192 (19.7 us at M = 1
+//           against 21.8 us for Wide, 21.3 for 64 x 256, 24.0 for 128 x 128);
+//   Wide:   128 columns x 256 k, fastest at 4096 x 11008 (15.2 us against
+//           ~17.5 us for the others, which need splits there).
+// The launcher models both (make_plan) and takes the cheaper.
+using Narrow = Config<1, 1, 2, 4, 4, 4>;  // M <= 16
+using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
+// 32 rows, 128 x 256 per stage: 25.1 us at K = N = 8192 (64 x 256: 26.9, two
+// warps along M: 26.2).
+using M32 = Config<2, 1, 4, 2, 4, 4>;
+// 64 rows: per channel, two warps along M (29.4 us at K = N = 8192, 4 m16
+// blocks per warp: 30.5); per group, 4 m16 blocks per warp and one CTA per
+// SM, where the group scales' arithmetic is done once per 4 blocks (34.6 us
+// against 39.9).
+using M64Channel = Config<2, 2, 4, 1, 4, 4>;
+using M64Group = Config<4, 1, 4, 2, 2, 4, 1>;
+// Above 64 rows, 128 x 128 tiles, 4 m16 blocks per warp, one CTA per SM:
+// 40.8 us at M = 128, K = N = 8192 (128 x 64 at two CTAs per SM: 53.4).
+using Large = Config<4, 2, 4, 1, 4, 4, 1>;
+
+// The SM count of the current device, cached: the plan runs on every call.
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 0 || device >= kMaxDevices) return qqq::device_sm_count();
+  if (cached[device] == 0) cached[device] = qqq::device_sm_count();
+  return cached[device];
+}
+
+// Calls f(config, plan) with the configuration and plan for this problem.
+template <class F>
+auto with_plan(int64_t M, int64_t N, int64_t K, bool grouped, F&& f) {
+  const int sms = sm_count();
+  if (M <= 16) {
+    int64_t cost_narrow = 0, cost_wide = 0;
+    const Plan narrow = qqq::make_plan<Narrow>(M, N, K, sms, 0, &cost_narrow);
+    const Plan wide = qqq::make_plan<Wide>(M, N, K, sms, 0, &cost_wide);
+    return cost_wide <= cost_narrow ? f(Wide{}, wide) : f(Narrow{}, narrow);
+  }
+  if (M <= 32) return f(M32{}, qqq::make_plan<M32>(M, N, K, sms));
+  if (M <= 64) {
+    return grouped ? f(M64Group{}, qqq::make_plan<M64Group>(M, N, K, sms))
+                   : f(M64Channel{}, qqq::make_plan<M64Channel>(M, N, K, sms));
+  }
+  // Compute-heavier: on a tie of the bandwidth model, more CTAs.
+  return f(Large{}, qqq::make_plan<Large>(M, N, K, sms, 0, nullptr, true));
+}
+
+}  // namespace
+
+int64_t qqq_gemm_workspace_bytes(int64_t M, int64_t N, int64_t K, bool grouped) {
+  return with_plan(M, N, K, grouped, [](auto, const Plan& plan) { return plan.workspace_bytes(); });
+}
+
+const char* qqq_gemm_cuda(const QqqGemmArgs& args, void* stream) {
+  const bool grouped = args.s_group != nullptr;
+  return with_plan(args.M, args.N, args.K, grouped, [&](auto c, const Plan& plan) -> const char* {
+    using C = decltype(c);
+    return grouped ? qqq::launch<C, true>(args, plan, stream) : qqq::launch<C, false>(args, plan, stream);
+  });
+}
+
+}  // namespace opforge

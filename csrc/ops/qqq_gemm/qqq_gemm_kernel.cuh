@@ -1,0 +1,491 @@
+#pragma once
+// The W4A8 GEMM kernel as templates over its tile configuration, so that the
+// tuning driver (benchmarks/qqq_tune.cu) can instantiate variants; the op's
+// launcher (qqq_gemm_kernel.cu) picks one per M. Pure CUDA, no torch headers.
+//
+// One CTA = 8 warps computes a BM x BN tile of the output over a contiguous
+// range of K (its split), streaming the packed weights, the int8 activations
+// and (per group) the group scales through a STAGES-deep cp.async pipeline in
+// shared memory. Warp (wm, wn, wk) owns MBW m16 blocks x one 32-column stripe
+// and UK of the stage's k32 units; its B fragments are one 16-byte shared load
+// per unit (LAYOUT.md), converted INT4 -> INT8 in registers, A fragments come
+// from ldmatrix, and mma.sync m16n8k32 s8 accumulates in int32. The warps of
+// one (wm, wn) that split K add up through shared memory; the CTAs that split
+// K (split-K, sized from the SM count) leave int32 partial tiles in a
+// workspace, and the last one to arrive (an atomic counter per tile) adds them
+// and runs the epilogue. Integer sums are exact, so the order of arrival
+// cannot change a bit of the result.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "opforge/dtype.h"
+#include "qqq_gemm_kernel.h"
+
+// Everything here has internal linkage (the anonymous namespace): a second
+// library built from these sources (examples/qqq_gemm's extension) must not
+// share a symbol with opforge's. Measured on the H200: as inline functions,
+// launch()'s function-local "opted in" flag became one process-wide (GNU
+// unique) object, the extension's launch set it, and opforge's own kernel then
+// ran without its shared-memory opt-in: "invalid argument".
+namespace opforge::qqq {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <int MBW_, int WM_, int WN_, int WK_, int UK_, int STAGES_, int MINB_ = 2>
+struct Config {
+  static constexpr int MBW = MBW_;        // m16 blocks per warp
+  static constexpr int WM = WM_;          // warps along M
+  static constexpr int WN = WN_;          // warps along N (one 32-column stripe each)
+  static constexpr int WK = WK_;          // warps along K (reduced through shared memory)
+  static constexpr int UK = UK_;          // k32 units per warp per stage
+  static constexpr int STAGES = STAGES_;  // cp.async pipeline depth
+  static constexpr int MINB = MINB_;      // CTAs per SM the registers must allow
+  static_assert(WM * WN * WK == kWarps, "8 warps per CTA");
+  static constexpr int BM = 16 * MBW * WM;
+  static constexpr int BN = 32 * WN;
+  static constexpr int BK = 32 * WK * UK;
+  static constexpr int KU = BK / 32;  // k32 units per stage
+  static_assert(BK >= 128, "the A swizzle permutes 8 chunks of 16 bytes per row");
+  static constexpr int B_STAGE = BN * BK / 2;
+  static constexpr int A_STAGE = BM * BK;
+  static constexpr int G_STAGE = KU * BN;  // one row of group scales per k32 unit
+  static constexpr int STAGE = B_STAGE + A_STAGE + G_STAGE;
+  static constexpr int ACC = MBW * 4 * 4;  // int32 accumulators per thread
+  static constexpr int RED = (WK - 1) * WM * WN * ACC * 32 * 4;
+  static constexpr int SMEM = STAGE * STAGES > RED ? STAGE * STAGES : RED;
+};
+
+struct Params {
+  const int8_t* a;
+  const int32_t* w;
+  const float* s_tok;
+  const float* s_ch;
+  const int8_t* s_group;
+  void* out;
+  int M, N, K, group_size;
+  DType out_dtype;
+  int tiles_m, tiles_n, splits, k_iters;
+  int32_t* counters;  // [tiles_m * tiles_n], zero on entry, zero again on exit
+  int32_t* flags;     // [tiles * splits]: a bad group scale seen by that split
+  int32_t* partials;  // [tiles][splits][WM * WN][ACC][32]
+};
+
+// --- PTX wrappers ---
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // src-size 0 reads nothing and fills the 16 bytes with zeros: rows past M,
+  // units past K and stripes past N contribute exact zeros.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ void mma_s8(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// --- INT4 -> INT8 (LAYOUT.md) ---
+
+// Per channel: 16 * q in each byte; b0 from the even nibbles, b1 from the odd.
+__device__ __forceinline__ void dequant_channel(uint32_t w, uint32_t& b0, uint32_t& b1) {
+  b0 = (w << 4) & 0xF0F0F0F0u;
+  b1 = w & 0xF0F0F0F0u;
+}
+
+// Per group: q * s in each byte, s in [1, 16]; `c` = (128 - 8 s) * 0x01010101.
+// (q + 8) * s + 128 - 8 s = q s + 128 lies in [0, 240]: no carry between bytes.
+__device__ __forceinline__ void dequant_group(uint32_t w, uint32_t s, uint32_t c, uint32_t& b0, uint32_t& b1) {
+  b0 = (((w ^ 0x88888888u) & 0x0F0F0F0Fu) * s + c) ^ 0x80808080u;
+  b1 = ((((w >> 4) ^ 0x08080808u) & 0x0F0F0F0Fu) * s + c) ^ 0x80808080u;
+}
+
+// --- the kernel ---
+
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int s_last;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int wn = warp % C::WN;
+  const int wm = (warp / C::WN) % C::WM;
+  const int wk = warp / (C::WN * C::WM);
+  const int wmn = wm * C::WN + wn;
+
+  // m fastest: CTAs reading the same weights run side by side and share them in L2.
+  int bid = blockIdx.x;
+  const int tm = bid % p.tiles_m;
+  bid /= p.tiles_m;
+  const int tn = bid % p.tiles_n;
+  const int split = bid / p.tiles_n;
+  const int tile = tn * p.tiles_m + tm;
+  const int m0 = tm * C::BM;
+  const int n0 = tn * C::BN;
+  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * p.k_iters / p.splits);
+  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.k_iters / p.splits);
+  const int n_iters = it_end - it_begin;
+  const int KB = p.K / 32;
+  const int NB = p.N / 32;
+
+  auto load_stage = [&](int slot, int it) {
+    uint8_t* sB = smem + slot * C::STAGE;
+    uint8_t* sA = sB + C::B_STAGE;
+    uint8_t* sG = sA + C::A_STAGE;
+    const int kb0 = it * C::KU;
+#pragma unroll
+    for (int i = 0; i < (C::B_STAGE / 16 + kThreads - 1) / kThreads; ++i) {
+      const int c = i * kThreads + threadIdx.x;
+      if (C::B_STAGE / 16 % kThreads != 0 && c >= C::B_STAGE / 16) break;
+      const int s = c / (C::KU * 32);
+      const int u = (c / 32) % C::KU;
+      const int nb = n0 / 32 + s;
+      const int kb = kb0 + u;
+      const bool ok = nb < NB && kb < KB;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.w);
+      if (ok) src += ((static_cast<int64_t>(nb) * KB + kb) * 32 + c % 32) * 16;
+      cp_async16(sB + c * 16, src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < (C::A_STAGE / 16 + kThreads - 1) / kThreads; ++i) {
+      const int c = i * kThreads + threadIdx.x;
+      if (C::A_STAGE / 16 % kThreads != 0 && c >= C::A_STAGE / 16) break;
+      const int r = c / (C::BK / 16);
+      const int cc = c % (C::BK / 16);
+      const int m = m0 + r;
+      const int k = kb0 * 32 + cc * 16;
+      const bool ok = m < p.M && k < p.K;
+      const int8_t* src = ok ? p.a + static_cast<int64_t>(m) * p.K + k : p.a;
+      // 16-byte chunk cc of row r goes to chunk cc ^ (r % 8): ldmatrix's 8
+      // rows then hit 8 different bank groups.
+      cp_async16(sA + r * C::BK + ((cc ^ (r & 7)) * 16), src, ok);
+    }
+    if constexpr (GROUPED) {
+#pragma unroll
+      for (int i = 0; i < (C::G_STAGE / 16 + kThreads - 1) / kThreads; ++i) {
+        const int c = i * kThreads + threadIdx.x;
+        if (C::G_STAGE / 16 % kThreads != 0 && c >= C::G_STAGE / 16) break;
+        const int u = c / (C::BN / 16);
+        const int n = n0 + (c % (C::BN / 16)) * 16;
+        const int kb = kb0 + u;
+        const bool ok = kb < KB && n < p.N;
+        const int8_t* src = ok ? p.s_group + static_cast<int64_t>(kb * 32 / p.group_size) * p.N + n : p.s_group;
+        cp_async16(sG + u * C::BN + (c % (C::BN / 16)) * 16, src, ok);
+      }
+    }
+  };
+
+  int32_t acc[C::MBW][4][4];
+#pragma unroll
+  for (int mb = 0; mb < C::MBW; ++mb)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mb][j][e] = 0;
+  uint32_t bad = 0;
+  const bool stripe_ok = n0 / 32 + wn < NB;
+
+  // A group scale word (4 columns) -> the 4 scales and their multiply-add
+  // constants; a scale outside [1, 16] of a real unit (not zero-fill) marks the tile bad.
+  uint32_t gs_s[4] = {0, 0, 0, 0}, gs_c[4] = {0, 0, 0, 0};
+  auto group_scales = [&](const uint8_t* sG, int ku, int it) {
+    const uint32_t sg = *reinterpret_cast<const uint32_t*>(sG + ku * C::BN + wn * 32 + (lane / 4) * 4);
+    const bool valid = stripe_ok && it * C::KU + ku < KB;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      gs_s[j] = (sg >> (8 * j)) & 0xFFu;
+      if (valid) bad |= (gs_s[j] - 1u) > 15u;
+      gs_c[j] = (128u - 8u * gs_s[j]) * 0x01010101u;
+    }
+  };
+  // The warp's UK units of a stage start at a multiple of UK: when the group
+  // size is a multiple of UK * 32 they share one group, and the scales are
+  // read and unpacked once per stage instead of once per unit.
+  const bool one_group_per_stage = GROUPED && p.group_size % (C::UK * 32) == 0;
+
+  auto compute_stage = [&](int slot, int it) {
+    const uint8_t* sB = smem + slot * C::STAGE;
+    const uint8_t* sA = sB + C::B_STAGE;
+    const uint8_t* sG = sA + C::A_STAGE;
+    if constexpr (GROUPED) {
+      if (one_group_per_stage) group_scales(sG, wk * C::UK, it);
+    }
+#pragma unroll
+    for (int u = 0; u < C::UK; ++u) {
+      const int ku = wk * C::UK + u;
+      const uint4 wv = *reinterpret_cast<const uint4*>(sB + ((wn * C::KU + ku) * 32 + lane) * 16);
+      const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+      uint32_t b[4][2];
+      if constexpr (GROUPED) {
+        if (!one_group_per_stage) group_scales(sG, ku, it);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dequant_group(words[j], gs_s[j], gs_c[j], b[j][0], b[j][1]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dequant_channel(words[j], b[j][0], b[j][1]);
+      }
+#pragma unroll
+      for (int mb = 0; mb < C::MBW; ++mb) {
+        const int r = (wm * C::MBW + mb) * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        const int cc = ku * 2 + lane / 16;
+        uint32_t af[4];
+        ldmatrix_x4(af, sA + r * C::BK + ((cc ^ (r & 7)) * 16));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma_s8(acc[mb][j], af, b[j][0], b[j][1]);
+      }
+    }
+  };
+
+  // --- the pipeline: STAGES - 1 stages in flight while one is computed ---
+#pragma unroll
+  for (int s = 0; s < C::STAGES - 1; ++s) {
+    if (s < n_iters) load_stage(s, it_begin + s);
+    cp_async_commit();
+  }
+  for (int i = 0; i < n_iters; ++i) {
+    cp_async_wait<C::STAGES - 2>();
+    // Stage i has landed for every thread, and every warp is done with the
+    // slot of stage i - 1, which the next load overwrites.
+    __syncthreads();
+    const int next = i + C::STAGES - 1;
+    if (next < n_iters) load_stage(next % C::STAGES, it_begin + next);
+    cp_async_commit();
+    compute_stage(i % C::STAGES, it_begin + i);
+  }
+  cp_async_wait<0>();
+  if constexpr (GROUPED) {
+    bad = __syncthreads_or(bad);
+  } else {
+    __syncthreads();
+  }
+
+  int32_t* flat = &acc[0][0][0];
+  if constexpr (C::WK > 1) {
+    int32_t* red = reinterpret_cast<int32_t*>(smem);
+    if (wk > 0) {
+#pragma unroll
+      for (int r = 0; r < C::ACC; ++r) red[(((wk - 1) * C::WM * C::WN + wmn) * C::ACC + r) * 32 + lane] = flat[r];
+    }
+    __syncthreads();
+    if (wk == 0) {
+#pragma unroll
+      for (int w2 = 1; w2 < C::WK; ++w2)
+#pragma unroll
+        for (int r = 0; r < C::ACC; ++r) flat[r] += red[(((w2 - 1) * C::WM * C::WN + wmn) * C::ACC + r) * 32 + lane];
+    }
+  }
+
+  if (p.splits > 1) {
+    constexpr int kTileInts = C::WM * C::WN * C::ACC * 32;
+    int32_t* mine = p.partials + (static_cast<int64_t>(tile) * p.splits + split) * kTileInts;
+    if (wk == 0) {
+#pragma unroll
+      for (int r = 0; r < C::ACC; ++r) __stcg(mine + (wmn * C::ACC + r) * 32 + lane, flat[r]);
+    }
+    if (threadIdx.x == 0) p.flags[tile * p.splits + split] = static_cast<int32_t>(bad);
+    // The classic last-block pattern: publish the partial, then count arrivals.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) p.counters[tile] = 0;  // as found, for the next call
+    for (int s = 0; s < p.splits; ++s) {
+      if (s == split) continue;
+      if constexpr (GROUPED) bad |= static_cast<uint32_t>(__ldcg(p.flags + tile * p.splits + s));
+      if (wk == 0) {
+        const int32_t* other = p.partials + (static_cast<int64_t>(tile) * p.splits + s) * kTileInts;
+#pragma unroll
+        for (int r = 0; r < C::ACC; ++r) flat[r] += __ldcg(other + (wmn * C::ACC + r) * 32 + lane);
+      }
+    }
+  }
+
+  // --- epilogue: out = cvt(((float)acc * s_tok[m]) * s_ch[n]), as the CPU kernel ---
+  if (wk != 0 || !stripe_ok) return;
+  const int col0 = n0 + wn * 32 + (lane % 4) * 8;  // 8 consecutive columns per row (LAYOUT.md)
+  const float4 sc0 = __ldg(reinterpret_cast<const float4*>(p.s_ch + col0));
+  const float4 sc1 = __ldg(reinterpret_cast<const float4*>(p.s_ch + col0 + 4));
+  const float sc[8] = {sc0.x, sc0.y, sc0.z, sc0.w, sc1.x, sc1.y, sc1.z, sc1.w};
+#pragma unroll
+  for (int mb = 0; mb < C::MBW; ++mb) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = m0 + (wm * C::MBW + mb) * 16 + lane / 4 + half * 8;
+      if (row >= p.M) continue;
+      const float st = __ldg(p.s_tok + row);
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int32_t v = acc[mb][j][half * 2 + e];
+          if constexpr (!GROUPED) v >>= 4;  // the MMA summed 16 * q: exact
+          o[e * 4 + j] = (static_cast<float>(v) * st) * sc[e * 4 + j];
+        }
+      if (bad) {
+#pragma unroll
+        for (int x = 0; x < 8; ++x) o[x] = __int_as_float(0x7fffffff);
+      }
+      const int64_t off = static_cast<int64_t>(row) * p.N + col0;
+      if (p.out_dtype == DType::Float16) {
+        uint4 v;
+        __half2 h[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) h[x] = __floats2half2_rn(o[2 * x], o[2 * x + 1]);
+        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
+        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
+        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
+        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
+        *reinterpret_cast<uint4*>(static_cast<__half*>(p.out) + off) = v;
+      } else if (p.out_dtype == DType::BFloat16) {
+        uint4 v;
+        __nv_bfloat162 h[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) h[x] = __floats2bfloat162_rn(o[2 * x], o[2 * x + 1]);
+        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
+        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
+        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
+        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
+        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + off) = v;
+      } else {
+        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + off);
+        dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+      }
+    }
+  }
+}
+
+// --- the host side: a plan per call, then the launch ---
+
+struct Plan {
+  int tiles_m = 0, tiles_n = 0, splits = 1, k_iters = 0;
+  int64_t counters_bytes = 0, flags_bytes = 0, partials_bytes = 0;
+  int64_t workspace_bytes() const { return counters_bytes + flags_bytes + partials_bytes; }
+};
+
+inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+inline int device_sm_count() {
+  int device = 0, sms = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
+// Splits of K per output tile, and the plan's modelled cost. The model is
+// bandwidth-first: per SM, (CTAs it runs) x (weight bytes each streams + a
+// fixed kFixedBytes for the pipeline's fill and the epilogue), plus
+// kSplitBytes when K is split (the counters' memset node and the partial
+// sums' round trip). Constants from benchmarks/qqq_tune.cu on an H200
+// (benchmarks/results/qqq-tune_nvidia-h200_2026-11-23.txt): the fill is
+// worth about two 16 KB stages and a split about three (S = 1 at 86 CTAs
+// ran 15.2 us, S = 3 at 258 CTAs 17.7 us, for K = 4096, N = 11008, M = 1).
+// `force_splits` > 0 overrides (the tuning driver). Ties go to the fewer
+// splits, or with `prefer_more_ctas` (compute-heavier large M) to the more.
+constexpr int64_t kFixedBytes = 2 * 16384;
+constexpr int64_t kSplitBytes = 3 * 16384;
+
+template <class C>
+Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, int64_t* cost_out = nullptr,
+               bool prefer_more_ctas = false) {
+  Plan plan;
+  plan.tiles_m = static_cast<int>((M + C::BM - 1) / C::BM);
+  plan.tiles_n = static_cast<int>((N + C::BN - 1) / C::BN);
+  plan.k_iters = static_cast<int>((K + C::BK - 1) / C::BK);
+  const int64_t tiles = static_cast<int64_t>(plan.tiles_m) * plan.tiles_n;
+  auto cost = [&](int s) {
+    const int64_t per_sm = (tiles * s + sms - 1) / sms;
+    return per_sm * ((plan.k_iters + s - 1) / s * int64_t{C::B_STAGE} + kFixedBytes) + (s > 1 ? kSplitBytes : 0);
+  };
+  int best = 1;
+  if (force_splits > 0) {
+    best = force_splits;
+  } else if (plan.k_iters > 1 && tiles < 4 * sms) {
+    int64_t best_cost = cost(1);
+    const int max_splits = plan.k_iters < 64 ? plan.k_iters : 64;
+    for (int s = 2; s <= max_splits; ++s) {
+      const int64_t c = cost(s);
+      if (c < best_cost || (prefer_more_ctas && c == best_cost)) best_cost = c, best = s;
+    }
+  }
+  plan.splits = best < 1 ? 1 : (best > plan.k_iters && plan.k_iters > 0 ? plan.k_iters : best);
+  if (cost_out != nullptr) *cost_out = cost(plan.splits);
+  if (plan.splits > 1) {
+    plan.counters_bytes = round16(tiles * 4);
+    plan.flags_bytes = round16(tiles * plan.splits * 4);
+    plan.partials_bytes = tiles * plan.splits * C::BM * C::BN * 4;
+  }
+  return plan;
+}
+
+inline const char* cuda_error(cudaError_t e) { return e == cudaSuccess ? nullptr : cudaGetErrorString(e); }
+
+template <class C, bool GROUPED>
+const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  Params p;
+  p.a = args.a;
+  p.w = args.w;
+  p.s_tok = args.s_tok;
+  p.s_ch = args.s_ch;
+  p.s_group = args.s_group;
+  p.out = args.out;
+  p.M = static_cast<int>(args.M);
+  p.N = static_cast<int>(args.N);
+  p.K = static_cast<int>(args.K);
+  p.group_size = static_cast<int>(args.group_size);
+  p.out_dtype = args.out_dtype;
+  p.tiles_m = plan.tiles_m;
+  p.tiles_n = plan.tiles_n;
+  p.splits = plan.splits;
+  p.k_iters = plan.k_iters;
+  auto* ws = static_cast<uint8_t*>(args.workspace);
+  p.counters = reinterpret_cast<int32_t*>(ws);
+  p.flags = reinterpret_cast<int32_t*>(ws + plan.counters_bytes);
+  p.partials = reinterpret_cast<int32_t*>(ws + plan.counters_bytes + plan.flags_bytes);
+  const int64_t blocks = static_cast<int64_t>(plan.tiles_m) * plan.tiles_n * plan.splits;
+  if (blocks == 0) return nullptr;
+  if (blocks > 0x7fffffff) return "opforge::qqq_gemm: too many output tiles for one grid";
+  if (plan.splits > 1) {
+    if (const char* e = cuda_error(cudaMemsetAsync(p.counters, 0, plan.counters_bytes, s))) return e;
+  }
+  auto kernel = qqq_gemm_kernel<C, GROUPED>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  constexpr int kMaxDevices = 64;
+  static bool opted_in[kMaxDevices] = {};
+  int device = 0;
+  if (const char* e = cuda_error(cudaGetDevice(&device))) return e;
+  if (device >= kMaxDevices || !opted_in[device]) {
+    if (const char* e = cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM))) {
+      return e;
+    }
+    if (device < kMaxDevices) opted_in[device] = true;  // a race sets it twice: harmless
+  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, C::SMEM, s>>>(p);
+  return cuda_error(cudaGetLastError());
+}
+
+}  // namespace
+}  // namespace opforge::qqq
