@@ -11,6 +11,8 @@
 #   bash benchmarks/gpu_run.sh cudatests # every CUDA-marked test, in groups (TESTS="..." to choose)
 #   bash benchmarks/gpu_run.sh qqq      # issue 8: qqq_tune.cu (bit-exact checks, tile/split sweep), the W4A8
 #                                       # op's CUDA tests, its sanitizer run, bench vs fp16 matmul, summary table
+#   bash benchmarks/gpu_run.sh gemm     # benchmarks/gemm_tune.cu: every GEMM kernel variant checked and timed
+#                                       # against cuBLAS (GEMM_ARGS passes options, e.g. --only wgmma)
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -31,6 +33,35 @@ opforge() { python3 -m opforge "$@"; }
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   nvcc --version | tail -1
 } 2>&1 | tee "$OUT/env.txt"
+if [ "${1:-}" = gemm ]; then
+  # Standalone CUDA + cuBLAS: no op library needed. cuBLAS headers from the toolkit, else from pip's nvidia-cublas.
+  blas=(-lcublas)
+  if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
+    cu13=$(python3 -c "import nvidia.cu13, os; print(os.path.dirname(nvidia.cu13.__file__))" 2>/dev/null) \
+      || cu13=$(python3 -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")
+    blas=(-I"$cu13/include" -L"$cu13/lib" -l:libcublas.so.13 -Xlinker -rpath="$cu13/lib")
+  fi
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/gemm_tune.cu "${blas[@]}" \
+    -o /tmp/gemm_tune > "$OUT/gemm-build.log" 2>&1 || { tail -30 "$OUT/gemm-build.log"; exit 1; }
+  echo "gemm_tune built; HGMMA in its SASS: $(cuobjdump -sass /tmp/gemm_tune | grep -c HGMMA)," \
+    "spilling kernels: $(grep -cE '[1-9][0-9]* bytes spill stores' "$OUT/gemm-build.log")"
+  timeout ${GEMM_TIMEOUT:-240} /tmp/gemm_tune ${GEMM_ARGS:-} > "$OUT/gemm-tune.txt" 2>&1
+  echo "gemm_tune rc=$?"
+  head -3 "$OUT/gemm-tune.txt"; grep -vE "^(ok  |device:|wgmma path)" "$OUT/gemm-tune.txt" | tail -${GEMM_TAIL:-140}
+  if [ -n "${GEMM_LIB:-}" ]; then
+    # The op library by the JIT route: a 9.0 GPU must get sm_90a SASS (wgmma) plus portable compute_90 PTX.
+    python3 -c "import opforge, opforge.build as b; c = b.library_config(); print('archs', c.cuda_archs, [f for f in c.cuda_cflags if 'gencode' in f]); print(opforge.library)" 2>&1 | tee "$OUT/gemm-lib.log" | tail -3
+    so=$(python3 -c "import opforge; print(opforge.library.path)" 2>/dev/null)
+    echo "library: $(cuobjdump -lelf "$so" | grep -oE 'sm_[0-9]+a?' | sort | uniq -c | tr '\n' ' ')| PTX: $(cuobjdump -lptx "$so" | grep -oE 'sm_[0-9]+a?' | sort -u | tr '\n' ' ')| HGMMA: $(cuobjdump -sass "$so" | grep -c HGMMA)"
+    python3 -m pytest tests/test_doctor.py tests/test_prebuilt.py -q -p no:cacheprovider 2>&1 | tail -2
+    python3 -m pytest tests/test_build.py -q -p no:cacheprovider -k "cuda_archs or gencode or sm_90a" 2>&1 | tail -2
+  fi
+  if [ -n "${GEMM_SANITIZE:-}" ]; then
+    timeout 120 compute-sanitizer --tool memcheck /tmp/gemm_tune --quick --no-time > "$OUT/gemm-sanitize.txt" 2>&1
+    echo "sanitize rc=$?: $(tail -2 "$OUT/gemm-sanitize.txt" | tr '\n' ' ')"
+  fi
+  exit 0
+fi
 start=$(date +%s)
 python3 -c "import opforge; print(opforge.library)" 2>&1 | tee "$OUT/build.log"
 [ "${PIPESTATUS[0]}" = 0 ] || exit 1

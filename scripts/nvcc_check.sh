@@ -24,5 +24,15 @@ for cu in csrc/ops/*/*.cu; do
   else
     echo "ok   $cu: $kernels kernel builds (sm_80, sm_90a), max $max_regs registers, 0 spills"
   fi
+  # A kernel folder that writes wgmma must get Hopper's warpgroup MMA (HGMMA) into its sm_90a
+  # machine code, not a fallback: the guards (__CUDA_ARCH_FEAT_SM90_ALL) must let it through.
+  if grep -qs "wgmma.mma_async" "$(dirname "$cu")"/*.cu "$(dirname "$cu")"/*.cuh; then
+    hgmma=$(cuobjdump -sass -arch sm_90a "$out/$(basename "$cu").o" 2>/dev/null | grep -c HGMMA || true)
+    if [ "$hgmma" -gt 0 ]; then
+      echo "ok   $cu: $hgmma HGMMA instructions in the sm_90a code"
+    else
+      echo "FAIL $cu: its folder writes wgmma.mma_async but its sm_90a code has no HGMMA"; status=1
+    fi
+  fi
 done
 exit $status

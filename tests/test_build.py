@@ -288,3 +288,68 @@ def test_nvcc_of_another_cuda_than_torch_is_explained_before_compiling(tmp_path,
     else:
         jit._check_toolchain(cfg)
         assert "warning: nvcc is 13.9 but torch was built with 13.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "archs"),
+    [
+        ("9.0", ("9.0a",)),  # wgmma needs sm_90a: a 9.0 target is always built as 9.0a
+        ("8.0;9.0+PTX", ("8.0", "9.0a")),
+        ("9.0a 8.6", ("8.6", "9.0a")),
+        ("9.0;9.0a", ("9.0a",)),  # one target, not two cubins for the driver to choose between
+        ("10.0;8.0;9.0", ("8.0", "9.0a", "10.0")),  # numeric order, not string order
+    ],
+)
+def test_cuda_archs_from_the_env(monkeypatch, env, archs):
+    import opforge.build as ob
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", env)
+    assert ob.cuda_archs() == archs
+
+
+def test_cuda_archs_from_the_gpus_and_default(monkeypatch):
+    import opforge.build as ob
+
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(ob, "_nvml_capabilities", lambda: {(9, 0), (8, 0)})
+    assert ob.cuda_archs() == ("8.0", "9.0a")
+    monkeypatch.setattr(ob, "_nvml_capabilities", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ob.cuda_archs() == ("8.0", "9.0a")
+
+
+@pytest.mark.parametrize(
+    ("archs", "flags"),
+    [
+        (
+            ("8.0", "9.0a"),
+            [
+                "-gencode=arch=compute_80,code=sm_80",
+                "-gencode=arch=compute_90a,code=sm_90a",
+                # Portable PTX: compute_90a PTX would run on no GPU but a 9.0.
+                "-gencode=arch=compute_90,code=compute_90",
+            ],
+        ),
+        (("8.6",), ["-gencode=arch=compute_86,code=sm_86", "-gencode=arch=compute_86,code=compute_86"]),
+        (
+            ("9.0a", "10.0"),
+            [
+                "-gencode=arch=compute_90a,code=sm_90a",
+                "-gencode=arch=compute_100,code=sm_100",
+                "-gencode=arch=compute_100,code=compute_100",
+            ],
+        ),
+    ],
+)
+def test_gencode_flags(archs, flags):
+    from opforge.build import _gencode_flags
+
+    assert _gencode_flags(archs) == flags
+
+
+def test_library_config_targets_sm_90a(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    cfg = library_config(with_cuda=True)
+    assert cfg.cuda_archs == ("8.0", "9.0a")
+    assert "-gencode=arch=compute_90a,code=sm_90a" in cfg.cuda_cflags
+    assert not any("code=sm_90," in f or f.endswith("code=sm_90") for f in cfg.cuda_cflags)

@@ -69,7 +69,7 @@ def test_this_machine_has_what_a_build_needs(clean_env):
     if torch.version.cuda is None:
         assert report.gpu.build_cuda_reason == "torch is a CPU build", report.gpu
         # No GPU and no TORCH_CUDA_ARCH_LIST: the default targets.
-        assert report.gpu.archs == ["8.0", "9.0"] and "default" in report.gpu.archs_source, report.gpu
+        assert report.gpu.archs == ["8.0", "9.0a"] and "default" in report.gpu.archs_source, report.gpu
         # nvcc may be installed, but a CPU torch has no CUDA version to compare with.
         if report.nvcc.path:
             assert report.nvcc.matches_torch is None, report.nvcc
@@ -235,6 +235,20 @@ def test_gpus_with_a_cpu_torch_are_a_warning(monkeypatch):
     [problem] = report.problems
     assert problem.severity == "warning" and f"torch {torch.__version__} is a CPU build" in problem.message
     assert re.search(r"GPU 0 +NVIDIA H200, compute capability 9.0, 139.8 GiB", _rendered(report))
+
+
+@pytest.mark.parametrize(("arch_list", "capability", "warned"), [("9.0", "9.0", False), ("8.0;9.0", "8.6", True)])
+def test_gpu_arch_against_the_targets(monkeypatch, arch_list, capability, warned):
+    # A 9.0 target is built as 9.0a (opforge.build.cuda_archs), whose SASS runs on a 9.0 GPU.
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(doctor, "want_cuda", lambda: True)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    gpus = [doctor.GpuInfo(0, "NVIDIA GPU", capability, 80.0)]
+    monkeypatch.setattr(doctor, "_nvml_gpus", lambda: (gpus, "580.65", "13.0"))
+    report = collect()
+    assert report.gpu.archs == (["9.0a"] if arch_list == "9.0" else ["8.0", "9.0a"])
+    arch_problems = [p for p in report.problems if "not among the target archs" in p.message]
+    assert bool(arch_problems) is warned, report.problems
 
 
 def test_json_round_trips(clean_env):

@@ -92,7 +92,9 @@ def test_prebuilt_without_the_gpus_arch_is_not_loaded(fake_prebuilt, monkeypatch
         ("9.0", ("8.0", "9.0a"), True),  # sm_90a cubin runs on sm_90
         ("8.6", ("8.0", "9.0"), False),  # no 8.6 cubin; compute_90 PTX cannot run on 8.6
         ("10.0", ("8.0", "9.0"), True),  # compute_90 PTX JIT-compiles for newer GPUs
-        ("10.0", ("9.0a",), False),  # arch-specific PTX does not carry forward
+        ("10.0", ("9.0a",), True),  # a 9.0a build carries portable compute_90 PTX
+        ("8.6", ("8.0", "9.0a"), False),  # compute_90 PTX cannot run on 8.6
+        ("12.0", ("8.0", "10.0"), True),  # numeric order: 10.0 is newer than 8.0
     ],
 )
 def test_arch_coverage(capability, built, covered):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -79,16 +80,33 @@ def cuda_home() -> Path | None:
 
 def cuda_archs() -> tuple[str, ...]:
     """Target compute capabilities: ``TORCH_CUDA_ARCH_LIST`` if set, else the
-    visible GPUs', else sm_80 and sm_90 (a CUDA build on a machine without GPUs)."""
+    visible GPUs', else sm_80 and sm_90a (a CUDA build on a machine without GPUs).
+
+    A 9.0 target is always built as 9.0a: Hopper's warpgroup MMA (``wgmma``)
+    and ``setmaxnreg``, which the GEMM kernels use, exist only in sm_90a code,
+    and an sm_90a cubin runs on every 9.0 GPU. Sorted oldest first, by number.
+    """
     env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
     if env:
-        return tuple(sorted({a.removesuffix("+PTX") for a in env}))
+        return _normalise_archs(a.removesuffix("+PTX") for a in env)
     caps = _nvml_capabilities()
     if caps is None and torch.cuda.is_available():
         caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
     if caps:
-        return tuple(sorted(f"{ma}.{mi}" for ma, mi in caps))
-    return ("8.0", "9.0")
+        return _normalise_archs(f"{ma}.{mi}" for ma, mi in caps)
+    return ("8.0", "9.0a")
+
+
+def _arch_number(arch: str) -> tuple[int, int]:
+    """(major, minor) of "9.0" or "9.0a"."""
+    major, minor = arch.removesuffix("a").split(".")
+    return int(major), int(minor)
+
+
+def _normalise_archs(archs: Iterable[str]) -> tuple[str, ...]:
+    # "9.0" and "9.0a" name one target (sm_90a SASS); numeric order, so 10.0 sorts after 9.0a.
+    named = {"9.0a" if a.strip() in ("9.0", "9.0a") else a.strip() for a in archs}
+    return tuple(sorted(named, key=_arch_number))
 
 
 def _nvml_capabilities() -> set[tuple[int, int]] | None:
@@ -108,12 +126,16 @@ def _nvml_capabilities() -> set[tuple[int, int]] | None:
 
 
 def _gencode_flags(archs: tuple[str, ...]) -> list[str]:
+    """SASS for each arch ("9.0a": sm_90a), plus PTX of the newest one without
+    its "a", so that a newer GPU can still JIT the kernels: arch-specific PTX
+    (compute_90a) runs on no other GPU. Kernels that need sm_90a features
+    compile to a trap in that portable PTX and are never launched from it (the
+    launchers check the device and the loaded image first)."""
     flags = []
     for arch in archs:
         num = arch.replace(".", "")
         flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-    # PTX of the newest target, so a newer GPU can still JIT the kernels.
-    newest = archs[-1].replace(".", "")
+    newest = max(archs, key=_arch_number).removesuffix("a").replace(".", "")
     flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
     return flags
 

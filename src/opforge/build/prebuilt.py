@@ -125,13 +125,15 @@ def _gpu_capabilities() -> set[str]:
 
 
 def _covered(capability: str, built: tuple[str, ...]) -> bool:
-    """A GPU runs a library with its exact arch, or JIT-compiles the PTX
-    embedded for the newest non-"a" arch (arch-specific PTX, 9.0a, does not
-    carry forward)."""
+    """A GPU runs a library with its exact arch ("9.0a" SASS runs on a 9.0
+    GPU), or JIT-compiles the PTX embedded for the newest arch, which is
+    portable PTX without the "a" (``opforge.build._gencode_flags``: a 9.0a
+    build carries compute_90 PTX)."""
+    from opforge.build import _arch_number
+
     if any(b.removesuffix("a") == capability for b in built):
         return True
-    portable = [tuple(map(int, b.split("."))) for b in built if not b.endswith("a")]
-    return bool(portable) and tuple(map(int, capability.split("."))) >= max(portable)
+    return bool(built) and _arch_number(capability) >= max(_arch_number(b) for b in built)
 
 
 def load_prebuilt(so: Path) -> Library:

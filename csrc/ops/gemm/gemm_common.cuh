@@ -1,0 +1,100 @@
+#pragma once
+// Pieces every GEMM kernel family shares: problem description, tile order,
+// cached per-device facts and the once-per-device shared-memory opt-in.
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace opforge::gemm {
+
+// One GEMM: C[M, N] = A[M, K] @ B[K, N], all row-major and contiguous.
+struct Problem {
+  const void* a;
+  const void* b;
+  void* c;
+  int64_t M, N, K;
+};
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Tile `t` of a tiles_m x tiles_n grid in grouped order: GROUP consecutive
+// tile-rows are walked column by column, so that the CTAs resident at one time
+// share a few A row-panels and B column-panels in L2 instead of streaming all
+// of B once per tile-row.
+template <int GROUP>
+__device__ __forceinline__ void tile_coords(int64_t t, int64_t tiles_m, int64_t tiles_n, int64_t& tm,
+                                            int64_t& tn) {
+  const int64_t per_group = static_cast<int64_t>(GROUP) * tiles_n;
+  const int64_t group = t / per_group;
+  const int64_t first_m = group * GROUP;
+  const int64_t rows = tiles_m - first_m < GROUP ? tiles_m - first_m : GROUP;
+  const int64_t in_group = t - group * per_group;
+  tm = first_m + in_group % rows;
+  tn = in_group / rows;
+}
+
+// Facts about a device the launchers read on every call, read once.
+struct DeviceInfo {
+  int sms = 0;
+  int major = 0;
+  int minor = 0;
+  int max_smem_optin = 0;
+};
+
+constexpr int kMaxDevices = 64;
+
+inline const char* device_info(DeviceInfo& out) {
+  static DeviceInfo cache[kMaxDevices];
+  static std::atomic<bool> ready[kMaxDevices];
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (dev >= 0 && dev < kMaxDevices && ready[dev].load(std::memory_order_acquire)) {
+    out = cache[dev];
+    return nullptr;
+  }
+  DeviceInfo info;
+  if ((err = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, dev)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
+          cudaSuccess) {
+    return cudaGetErrorString(err);
+  }
+  if (dev >= 0 && dev < kMaxDevices) {
+    // Two threads racing here store the same facts.
+    cache[dev] = info;
+    ready[dev].store(true, std::memory_order_release);
+  }
+  out = info;
+  return nullptr;
+}
+
+// A kernel that wants more than 48 KB of dynamic shared memory must say so,
+// once per device (the attribute is per device and per function): each kernel
+// (the template argument) keeps its own flags.
+template <auto kernel>
+inline const char* allow_smem(int bytes) {
+  static std::atomic<int> done[kMaxDevices];  // the byte count set, 0: not yet
+  if (bytes <= 48 * 1024) return nullptr;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached && done[dev].load(std::memory_order_acquire) >= bytes) return nullptr;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (cached) done[dev].store(bytes, std::memory_order_release);
+  return nullptr;
+}
+
+inline const char* launch_error() {
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace opforge::gemm
