@@ -437,3 +437,43 @@ def test_issue_relative_bounds_are_what_the_issue_asks():
     # and they grow with K
     assert tolerance(torch.float32, 4096)[0] > tolerance(torch.float32, 64)[0]
     assert math.isclose(tolerance(torch.float32, 4 * 1025)[0], 2 * tolerance(torch.float32, 1025)[0])
+
+
+# --- cost model and bench ---
+
+
+def test_cost_model_and_bench_cases():
+    spec = SPEC
+    a, b = make_operands(5, 7, 3, torch.bfloat16, torch.device("cpu"), None)
+    cost = spec.cost(a, b)
+    assert cost.flops == 2 * 5 * 7 * 3 and cost.bytes == (5 * 3 + 3 * 7 + 5 * 7) * 2
+    meta = torch.device("meta")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        shapes = [(s.args[0].shape[0], s.args[1].shape[1], s.args[0].shape[1]) for s in spec.bench_cases(meta, dtype, None)]
+        assert shapes == [(4096, 4096, 4096), (8192, 8192, 8192), (4095, 4097, 4093), (8192, 8192, 512), (16, 8192, 8192)]
+    cpu = [s.desc for s in spec.bench_cases(torch.device("cpu"), torch.float32, generator(torch.device("cpu"), 0))]
+    assert cpu == ["256^3", "512^3", "253x259x509", "1024^3"]
+
+
+def test_bench_reports_tflops_and_plots_bars(tmp_path, seed):
+    from rich.console import Console
+
+    from opforge import bench
+    from opforge.cli import bench_table
+
+    rows = bench.bench_op(SPEC, torch.device("cpu"), seed=seed, dtypes=[torch.float32], budget_s=0.02, compile=False)
+    assert [r.case for r in rows] == ["256^3", "512^3", "253x259x509", "1024^3"]
+    for r in rows:
+        assert r.status == "ok" and r.flops > r.bytes and r.tflops("opforge") > 0 and r.tflops("eager") > 0
+    assert bench.compute_bound(rows)
+    report = bench.new_report(torch.device("cpu"))
+    report.rows = rows
+    report.ceilings = {"copy_gbps": 10.0, "matmul_tflops": {"float32": 0.2}}
+    console = Console(width=250, record=True)
+    console.print(bench_table(report))
+    text = console.export_text()
+    assert "TFLOP/s" in text
+    r = rows[-1]
+    assert f"{r.tflops('opforge'):,.3g} / {r.tflops('eager'):,.3g}" in text
+    bench.plot(report, tmp_path / "gemm.png")
+    assert (tmp_path / "gemm.png").stat().st_size > 10_000

@@ -342,11 +342,13 @@ def bench_table(report) -> Table:  # noqa: ANN001
         title=f"opforge bench: {report.device_name} ({report.device}, torch {report.torch_version}, "
         f"{report.threads} threads{', CUDA graphs' if report.graph else ''}{limit})"
     )
-    for col in ("operator", "dtype", "size", "opforge us", "eager us", "compiled us", "vs eager", "vs compiled", "GB/s", "% of limit"):
+    columns = ("operator", "dtype", "size", "opforge us", "eager us", "compiled us", "vs eager", "vs compiled", "GB/s", "TFLOP/s",
+               "% of limit")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="left" if col in ("operator", "dtype", "size") else "right")
     for r in report.rows:
         if r.status != "ok":
-            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * 6)
+            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * (len(columns) - 4))
             continue
         pct = r.pct_of_limit("opforge")
         table.add_row(
@@ -359,6 +361,7 @@ def bench_table(report) -> Table:  # noqa: ANN001
             _fmt_x(r.speedup("eager")),
             _fmt_x(r.speedup("compiled")),
             f"{r.gbps('opforge'):,.0f}",
+            _fmt_tflops(r),
             f"{pct:.0f}%" if pct is not None else "-",
         )
     return table
@@ -383,6 +386,16 @@ def _fast_path_for_packages() -> None:
 def _case_key(name: str) -> tuple[int, str]:
     """Cases named 2^N sort by N; others after them, by name."""
     return (int(name[2:]), "") if name.startswith("2^") and name[2:].isdigit() else (1 << 30, name)
+
+
+def _fmt_tflops(row) -> str:  # noqa: ANN001
+    """opforge's TFLOP/s / eager's, for rows that compute more than they move
+    (a matmul: more than one FLOP per byte); "-" for streaming ops, whose
+    measure is GB/s."""
+    if row.bytes <= 0 or row.flops < row.bytes:
+        return "-"
+    ours, eager = row.tflops("opforge"), row.tflops("eager")
+    return f"{ours:,.3g}" + (f" / {eager:,.3g}" if eager else "")
 
 
 def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
@@ -426,7 +439,8 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
     out.print(bench_table(report))
     out.print(
         "medians per call, ± the inter-quartile range (~: stopped by --budget before it fell under 1 %); "
-        "GB/s from the op's cost model; % of limit = roofline floor (measured copy and matmul ceilings) / time"
+        "GB/s and TFLOP/s (opforge / eager, for ops of more than one FLOP per byte) from the op's cost model; "
+        "% of limit = roofline floor (measured copy and matmul ceilings) / time"
     )
     notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items()}
     for op, impl, note in sorted(notes):
