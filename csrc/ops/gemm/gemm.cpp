@@ -29,6 +29,7 @@
 #define OPFORGE_GEMM_X86 0
 #endif
 
+#include "gemm.h"
 #include "gemm_kernel.h"
 #include "opforge/common.h"
 
@@ -402,8 +403,6 @@ void run(const S* a, const S* b, S* c, int64_t M, int64_t N, int64_t K) {
 
 }  // namespace gemm_cpu
 
-namespace {
-
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
   check_floating(kOp, "a", a);
   check_like(kOp, "a", a, "b", b);
@@ -440,6 +439,8 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
       });
   return C;
 }
+
+namespace {
 
 void register_kernels(torch::Library& m) { m.impl("gemm", &gemm); }
 
