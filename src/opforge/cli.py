@@ -607,7 +607,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
         sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")
         sp.add_argument(
-            "--plot", type=Path, default=None, help="PNG of bandwidth against size (default with --sweep: opforge-bench-<device>.png)"
+            "--plot",
+            type=Path,
+            default=None,
+            help="PNG of bandwidth against size, or TFLOP/s per case for compute-bound ops such as gemm "
+            "(default with --sweep: opforge-bench-<device>.png)",
         )
         sp.add_argument("--compare", type=Path, default=None, help="an earlier --json: ratio per case, regressions flagged (exit 1)")
         sp.set_defaults(fn=fn)
