@@ -148,7 +148,7 @@ inline double busiest(int64_t M, int64_t N, int64_t mc, int64_t nc, int64_t MR, 
 
 // The C tiles and the K slices. K: the fewest slices of at most KC, equal.
 // C: the fewest tiles of at most MC x NC give mt0 x nt0; up to 3 more row and
-// column cuts are tried, and the grid whose busiest thread has the least work
+// column cuts are tried (when there are few tiles), and the grid whose busiest thread has the least work
 // wins (fewer tiles on a tie), among those that give every thread a tile when
 // one does. 253 x 259 x 509 float32 on 2 threads: 2 x 1 tiles of 132 x 288
 // (11 MR panels each) instead of 2 x 2 with columns of 160 and 99 (one thread
@@ -164,8 +164,11 @@ inline TileGrid tile_grid(int64_t M, int64_t N, int64_t K, int64_t MR, int64_t N
   int64_t mc = split(M, mt0, MR), nc = split(N, nt0, NR);
   double best = -1;
   bool best_fills = false;
-  for (int64_t mt = mt0; mt <= mt0 + 3; ++mt) {
-    for (int64_t nt = nt0; nt <= nt0 + 3; ++nt) {
+  // With 16 tiles per thread or more, one run of tiles more or less is a few
+  // per cent, and the search (over every tile) would only cost time.
+  const int64_t extra = mt0 * nt0 >= 16 * threads ? 0 : 3;
+  for (int64_t mt = mt0; mt <= mt0 + extra; ++mt) {
+    for (int64_t nt = nt0; nt <= nt0 + extra; ++nt) {
       const int64_t m = split(M, mt, MR), n = split(N, nt, NR);
       const bool fills = ceil_div(M, m) * ceil_div(N, n) >= threads;
       const double work = busiest(M, N, m, n, MR, NR, threads);
