@@ -48,9 +48,10 @@ namespace {
 
 constexpr const char* kOp = "opforge::gemm";
 
-// The kernels (CUDA grids and TMA coordinates, and the CPU tiling alike) take
-// M, N and K as 32-bit signed values; one limit on every device keeps a
-// program that runs on the CPU valid on a GPU.
+// M, N and K of at most 2^31 - 1: TMA's tile coordinates are signed 32-bit
+// (cp.async.bulk.tensor) and CUDA grids count blocks in 32 bits, so the GPU
+// kernels may rely on it. The CPU kernel indexes in 64 bits and would not need
+// it; one limit on every device keeps a program that runs on the CPU valid on a GPU.
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 
 void check_dim(const char* what, int64_t value, const at::Tensor& a, const at::Tensor& b) {
