@@ -8,6 +8,7 @@ together, and one cache directory serves the whole module."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,7 +56,7 @@ def run_example(name: str, cache_dir: Path, *args: str, timeout: float = 300) ->
 
 
 def test_every_example_has_a_readme_naming_its_seed() -> None:
-    for name, seed in (("add2", "003"), ("load_inline", "002"), ("my_op_autograd", "004"), ("qqq_gemm", "000")):
+    for name, seed in (("add2", "003"), ("load_inline", "002"), ("my_op_autograd", "004"), ("gemm", "001"), ("qqq_gemm", "000")):
         first = (EXAMPLES / name / "README.md").read_text().splitlines()[0]
         assert f"seed {seed}" in first, first
         assert (EXAMPLES / name / "run.py").is_file()
@@ -109,12 +110,41 @@ def check_qqq_gemm(out: str, device: str) -> None:
     assert out.rstrip().endswith("qqq_gemm: all checks passed")
 
 
-CHECKS = {"add2": check_add2, "load_inline": check_load_inline, "my_op_autograd": check_my_op, "qqq_gemm": check_qqq_gemm}
+def check_gemm(out: str, device: str) -> None:
+    assert out.count(f"device: {device}") == 3  # one process per route
+    routes = ("jit", "setuptools", "cmake") if shutil.which("cmake") else ("jit", "setuptools")
+    if "cmake" not in routes:
+        assert "  cmake       skipped (cmake is not on PATH)" in out
+    for route in routes:
+        assert f"route {route}: all checks passed" in out
+        assert f"  {route:<11} ok" in out
+    # Every case of every route, through both doors.
+    for what in ("640x640 @ 640x640 float32, contiguous", "59x1025 @ 1025x97 float32, transposed a", "5x0 @ 0x6 float32, contiguous"):
+        assert out.count(f"check: module.gemm(a, b) == torch.matmul(a, b) for {what}: ok") == len(routes)
+        assert out.count(f"check: torch.ops.opforge.gemm(a, b) gives the same bits for {what}: ok") == len(routes)
+    assert out.count("a pybind11 function is invisible to autograd: ok") == len(routes)
+    assert out.count("check: torch.ops.opforge.gemm backward == torch.matmul's") == len(routes)
+    assert out.count("check: torch.compile(fullgraph=True) of torch.ops.opforge.gemm == eager: ok") == len(routes)
+    assert "FAILED" not in out
+    assert out.rstrip().endswith("gemm: all checks passed")
+
+
+CHECKS = {
+    "add2": check_add2,
+    "load_inline": check_load_inline,
+    "my_op_autograd": check_my_op,
+    "gemm": check_gemm,
+    "qqq_gemm": check_qqq_gemm,
+}
 # A short timing budget: the test checks that the example runs, not the numbers.
 ARGS = {"add2": ("--budget", "0.2")}
-# qqq_gemm builds with setuptools and torch/extension.h (the seed's route, no
-# cache): about 70 s of CPU on two cores, several minutes on a loaded machine.
-TIMEOUTS = {"qqq_gemm": 900}
+# The CPU runs start together and share two cores: with gemm's three builds
+# (JIT, setuptools, CMake, 15-25 s each alone) among them, the whole set took
+# 330 s here, add2's run 230 s of it. gemm gets more, for its builds, and
+# qqq_gemm, which builds with setuptools and torch/extension.h (the seed's
+# route, no cache): about 70 s of CPU on two cores, minutes on a loaded machine.
+CPU_TIMEOUT = 600
+TIMEOUTS = {"gemm": 900, "qqq_gemm": 900}
 
 
 def cpu_args(name: str) -> tuple[str, ...]:
@@ -140,12 +170,12 @@ def cpu_runs(request, cache_dir: Path) -> Iterator[dict[str, subprocess.Popen[st
 
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_example_cpu(name: str, cpu_runs) -> None:
-    out = finish(cpu_runs[name], f"{name} {' '.join(cpu_args(name))}", timeout=TIMEOUTS.get(name, 300))
+    out = finish(cpu_runs[name], f"{name} {' '.join(cpu_args(name))}", timeout=TIMEOUTS.get(name, CPU_TIMEOUT))
     CHECKS[name](out, "cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_example_cuda(name: str, cache_dir: Path) -> None:
-    out = run_example(name, cache_dir, "--device", "cuda", *ARGS.get(name, ()), timeout=600)
+    out = run_example(name, cache_dir, "--device", "cuda", *ARGS.get(name, ()), timeout=max(600, TIMEOUTS.get(name, 0)))
     CHECKS[name](out, "cuda")

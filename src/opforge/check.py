@@ -157,7 +157,7 @@ def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype, errors: list
     if len(_tensors(got)) != len(_tensors(expected)):
         return f"returned {len(_tensors(got))} tensors, reference {len(_tensors(expected))}"
     pairs += [(args[i], ref_args[i]) for i in mutated]
-    atol, rtol = spec.tolerance(dtype)
+    atol, rtol = spec.tolerance(dtype, sample)
     # The first tensor argument's device (an optional first argument may be None).
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     problems = []

@@ -345,7 +345,7 @@ def bench_table(report) -> Table:  # noqa: ANN001
     # Baselines a spec adds (OpSpec.baselines), each with its own two columns.
     extra = list(dict.fromkeys(k for r in report.rows for k in r.timings if k not in ("opforge", "eager", "compiled")))
     cols = ["operator", "dtype", "size", "opforge us", "eager us", "compiled us", *(f"{b} us" for b in extra), "vs eager", "vs compiled"]
-    cols += [*(f"vs {b}" for b in extra), "GB/s", "% of limit"]
+    cols += [*(f"vs {b}" for b in extra), "GB/s", "TFLOP/s", "% of limit"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("operator", "dtype", "size") else "right")
     for r in report.rows:
@@ -365,6 +365,7 @@ def bench_table(report) -> Table:  # noqa: ANN001
             _fmt_x(r.speedup("compiled")),
             *(_fmt_x(r.speedup(b)) for b in extra),
             f"{r.gbps('opforge'):,.0f}",
+            _fmt_tflops(r),
             f"{pct:.0f}%" if pct is not None else "-",
         )
     return table
@@ -389,6 +390,16 @@ def _fast_path_for_packages() -> None:
 def _case_key(name: str) -> tuple[int, str]:
     """Cases named 2^N sort by N; others after them, by name."""
     return (int(name[2:]), "") if name.startswith("2^") and name[2:].isdigit() else (1 << 30, name)
+
+
+def _fmt_tflops(row) -> str:  # noqa: ANN001
+    """opforge's TFLOP/s / eager's, for rows that compute more than they move
+    (a matmul: more than one FLOP per byte); "-" for streaming ops, whose
+    measure is GB/s."""
+    if row.bytes <= 0 or row.flops < row.bytes:
+        return "-"
+    ours, eager = row.tflops("opforge"), row.tflops("eager")
+    return f"{ours:,.3g}" + (f" / {eager:,.3g}" if eager else "")
 
 
 def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
@@ -432,7 +443,8 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
     out.print(bench_table(report))
     out.print(
         "medians per call, ± the inter-quartile range (~: stopped by --budget before it fell under 1 %); "
-        "GB/s from the op's cost model; % of limit = roofline floor (measured copy and matmul ceilings) / time"
+        "GB/s and TFLOP/s (opforge / eager, for ops of more than one FLOP per byte) from the op's cost model; "
+        "% of limit = roofline floor (measured copy and matmul ceilings) / time"
     )
     notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items()}
     for op, impl, note in sorted(notes):
@@ -599,7 +611,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
         sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")
         sp.add_argument(
-            "--plot", type=Path, default=None, help="PNG of bandwidth against size (default with --sweep: opforge-bench-<device>.png)"
+            "--plot",
+            type=Path,
+            default=None,
+            help="PNG of bandwidth against size, or TFLOP/s per case for compute-bound ops such as gemm "
+            "(default with --sweep: opforge-bench-<device>.png)",
         )
         sp.add_argument("--compare", type=Path, default=None, help="an earlier --json: ratio per case, regressions flagged (exit 1)")
         sp.set_defaults(fn=fn)

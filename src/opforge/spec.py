@@ -87,6 +87,9 @@ class OpSpec:
     tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     # Extra `opforge bench` columns, by name (Baseline above); none by default.
     baselines: Mapping[str, Baseline] = field(default_factory=dict)
+    # (atol, rtol) for one sample, where the error grows with its sizes (a
+    # matmul's with K); ``tolerances`` when None.
+    sample_tolerance: Callable[[Sample, torch.dtype], tuple[float, float]] | None = None
     doc: str = ""
     function: Callable[..., Any] = field(init=False, repr=False)
 
@@ -126,7 +129,9 @@ class OpSpec:
             params.append(inspect.Parameter(a.name, kind, default=default))
         return inspect.Signature(params)
 
-    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+    def tolerance(self, dtype: torch.dtype, sample: Sample | None = None) -> tuple[float, float]:
+        if sample is not None and self.sample_tolerance is not None:
+            return self.sample_tolerance(sample, dtype)
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES[dtype])
 
     def _register(self) -> None:
