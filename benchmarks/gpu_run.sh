@@ -129,6 +129,27 @@ recheck)
   grep -E "^│ " "$OUT/bench-recheck.log" | cut -c1-120
   GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} bash "$0" cudatests-only
   ;;
+finalA)
+  # Issue 7's bench side by side with cuBLAS, then the GEMM/qqq/op CUDA tests, then the package and examples ones.
+  timeout 150 python3 -m opforge bench gemm --device cuda --seed 1 --no-compile --budget 0.3 --json "$OUT/gemm.json" \
+    --plot "$OUT/gemm.png" > "$OUT/gemm.log" 2>&1
+  echo "bench gemm rc=$?"; grep -E "^│ |refused|no .* timing" "$OUT/gemm.log" | cut -c1-170
+  TESTS="${TESTS_A:-tests/test_gemm.py tests/test_qqq.py tests/test_ops.py}" GROUP_TIMEOUT=200 bash "$0" cudatests-only | grep -v "^NVIDIA\|^torch\|^Build\|^Library\|^build:\|^warm"
+  cp "$OUT/pytest.log" "$OUT/pytest-a.log" 2>/dev/null; rm -f "$OUT/pytest.log"
+  TESTS="tests/test_new.py tests/test_examples.py" GROUP_TIMEOUT=${GROUP_TIMEOUT_B:-300} bash "$0" cudatests-only | grep -v "^NVIDIA\|^torch\|^Build\|^Library\|^build:\|^warm"
+  ;;
+finalB)
+  # The rest of the CUDA tests; every CUDA kernel under the four sanitizers; ncu summaries; the elementwise sweep.
+  TESTS="tests/test_docs.py tests/test_profile.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py tests/test_build.py tests/test_doctor.py tests/test_inline.py tests/test_cli.py" \
+    GROUP_TIMEOUT=280 bash "$0" cudatests-only | grep -v "^NVIDIA\|^torch\|^Build\|^Library\|^build:\|^warm"
+  timeout 200 python3 -m opforge profile add add_out square sigmoid sigmoid_backward axpby axpby_backward lltm_forward lltm_backward gemm qqq_gemm \
+    --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1; echo "sanitize rc=$?"; tail -12 "$OUT/sanitize.txt"
+  timeout 100 python3 -m opforge profile add square sigmoid axpby > "$OUT/profile.txt" 2>&1
+  timeout 60 python3 -m opforge profile gemm --case 4096^3 --dtype bfloat16 >> "$OUT/profile.txt" 2>&1
+  grep -E "^│|^┃" "$OUT/profile.txt" | cut -c1-160
+  timeout 120 python3 -m opforge bench add square sigmoid axpby --device cuda --seed 1 --sweep --dtype float32,bfloat16 --no-compile \
+    --budget 0.05 --json "$OUT/sweep.json" --plot "$OUT/sweep.png" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
