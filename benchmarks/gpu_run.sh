@@ -139,16 +139,18 @@ finalA)
   TESTS="tests/test_new.py tests/test_examples.py" GROUP_TIMEOUT=${GROUP_TIMEOUT_B:-300} bash "$0" cudatests-only | grep -v "^NVIDIA\|^torch\|^Build\|^Library\|^build:\|^warm"
   ;;
 finalB)
-  # The rest of the CUDA tests; every CUDA kernel under the four sanitizers; ncu summaries; the elementwise sweep.
-  TESTS="tests/test_docs.py tests/test_profile.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py tests/test_build.py tests/test_doctor.py tests/test_inline.py tests/test_cli.py" \
-    GROUP_TIMEOUT=280 bash "$0" cudatests-only | grep -v "^NVIDIA\|^torch\|^Build\|^Library\|^build:\|^warm"
-  timeout 200 python3 -m opforge profile add add_out square sigmoid sigmoid_backward axpby axpby_backward lltm_forward lltm_backward gemm qqq_gemm \
-    --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1; echo "sanitize rc=$?"; tail -12 "$OUT/sanitize.txt"
-  timeout 100 python3 -m opforge profile add square sigmoid axpby > "$OUT/profile.txt" 2>&1
-  timeout 60 python3 -m opforge profile gemm --case 4096^3 --dtype bfloat16 >> "$OUT/profile.txt" 2>&1
-  grep -E "^│|^┃" "$OUT/profile.txt" | cut -c1-160
-  timeout 120 python3 -m opforge bench add square sigmoid axpby --device cuda --seed 1 --sweep --dtype float32,bfloat16 --no-compile \
-    --budget 0.05 --json "$OUT/sweep.json" --plot "$OUT/sweep.png" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"
+  # The guide's GPU blocks, the seeds' examples on CUDA, every CUDA kernel under the four sanitizers,
+  # ncu summaries, the elementwise sweep. Each step time-boxed so that the ones after it still run.
+  timeout 170 python3 -m pytest tests/test_docs.py -q -p no:cacheprovider -m cuda 2>&1 | tee "$OUT/pytest-b.log" | tail -2
+  timeout 110 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k "add2 or load_inline or my_op" 2>&1 \
+    | tee -a "$OUT/pytest-b.log" | tail -2
+  timeout 140 python3 -m opforge profile add add_out square sigmoid sigmoid_backward axpby axpby_backward lltm_forward lltm_backward \
+    --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1; echo "sanitize rc=$?"; grep -E "^│|tools" "$OUT/sanitize.txt"
+  timeout 80 python3 -m opforge profile gemm qqq_gemm --sanitize --seed 1 >> "$OUT/sanitize.txt" 2>&1; echo "sanitize gemm/qqq rc=$?"
+  grep -E "^│|tools" "$OUT/sanitize.txt" | tail -6
+  timeout 45 python3 -m opforge profile add sigmoid axpby --case 2^26 > "$OUT/profile.txt" 2>&1; grep -E "^│" "$OUT/profile.txt" | cut -c1-160
+  timeout 50 python3 -m opforge bench add square sigmoid axpby --device cuda --seed 1 --sweep --dtype float32 --no-compile \
+    --budget 0.02 --json "$OUT/sweep.json" --plot "$OUT/sweep.png" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"
   ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
