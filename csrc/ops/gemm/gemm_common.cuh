@@ -2,10 +2,14 @@
 // Pieces every GEMM kernel family shares: problem description, tile order,
 // cached per-device facts and the once-per-device shared-memory opt-in.
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
+
+#include "opforge/cuda_utils.cuh"
 
 namespace opforge::gemm {
 
@@ -90,10 +94,26 @@ inline const char* allow_smem(int bytes) {
   return nullptr;
 }
 
-inline const char* launch_error() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+// The 32-bit shared-memory address of a generic pointer into shared memory
+// (what ldmatrix, cp.async, mbarriers and wgmma descriptors take).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+
+// Two float32 values rounded into one 32-bit pair of the 2-byte type: the
+// tensor-core kernels' epilogues store C two columns at a time.
+template <typename T>
+struct Pair;
+template <>
+struct Pair<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
 
 inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

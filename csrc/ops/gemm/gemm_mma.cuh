@@ -46,25 +46,6 @@ struct MmaTile {
 
 namespace mma_detail {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-template <typename T>
-struct Pair;
-template <>
-struct Pair<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
-};
-template <>
-struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
-};
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
@@ -309,7 +290,7 @@ const char* launch_mma(const Problem& p, cudaStream_t stream) {
   const int64_t grid = tiles < 0x7fffffff ? tiles : 0x7fffffff;
   kernel<<<static_cast<unsigned>(grid), Tile::kThreads, smem, stream>>>(
       static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.M, p.N, p.K, pairs);
-  return launch_error();
+  return cuda::last_error();
 }
 
 }  // namespace opforge::gemm

@@ -36,42 +36,6 @@ struct alignas(4 * sizeof(Acc)) Quad {
   Acc v[4];
 };
 
-template <typename Acc>
-__device__ __forceinline__ Acc to_acc(float x) {
-  return x;
-}
-template <typename Acc>
-__device__ __forceinline__ Acc to_acc(double x) {
-  return x;
-}
-template <typename Acc>
-__device__ __forceinline__ Acc to_acc(__half x) {
-  return __half2float(x);
-}
-template <typename Acc>
-__device__ __forceinline__ Acc to_acc(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_acc(float x);
-template <>
-__device__ __forceinline__ float from_acc<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_acc<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_acc(double x) {
-  return x;
-}
-
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_>
 struct SimtTile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
@@ -127,7 +91,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
           ra[p][0] = v.x, ra[p][1] = v.y, ra[p][2] = v.z, ra[p][3] = v.w;
         } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ra[p][e] = (gm < M && gk + e < K) ? to_acc<Acc>(A[gm * K + gk + e]) : Acc(0);
+          for (int e = 0; e < 4; ++e) ra[p][e] = (gm < M && gk + e < K) ? cuda::to_opmath(A[gm * K + gk + e]) : Acc(0);
         }
       }
 #pragma unroll
@@ -140,7 +104,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
           rb[p][0] = v.x, rb[p][1] = v.y, rb[p][2] = v.z, rb[p][3] = v.w;
         } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) rb[p][e] = (gk < K && gn + e < N) ? to_acc<Acc>(B[gk * N + gn + e]) : Acc(0);
+          for (int e = 0; e < 4; ++e) rb[p][e] = (gk < K && gn + e < N) ? cuda::to_opmath(B[gk * N + gn + e]) : Acc(0);
         }
       }
     };
@@ -207,7 +171,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
           } else {
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj)
-              if (col + jj < N) C[row * N + col + jj] = from_acc<T>(v[jj]);
+              if (col + jj < N) C[row * N + col + jj] = cuda::from_opmath<T>(v[jj]);
           }
         }
       }
@@ -226,7 +190,7 @@ const char* launch_simt(const Problem& p, int sms, cudaStream_t stream) {
   (void)sms;
   kernel<<<static_cast<unsigned>(grid), Tile::kThreads, smem, stream>>>(
       static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.M, p.N, p.K);
-  return launch_error();
+  return cuda::last_error();
 }
 
 // Whether the 16-byte float32 path applies: every row of A, B and C starts on

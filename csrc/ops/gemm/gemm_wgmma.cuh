@@ -82,10 +82,6 @@ struct WgmmaTile {
 
 namespace wgmma_detail {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -166,20 +162,8 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
 }
 
 template <typename T>
-struct Pair2;
-template <>
-struct Pair2<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
-};
-template <>
-struct Pair2<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
-};
-template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
-  const typename Pair2<T>::type v = Pair2<T>::make(a, b);
+  const typename Pair<T>::type v = Pair<T>::make(a, b);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 template <typename T>
@@ -366,7 +350,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               const int col = col_base + 8 * j;
               const float x = d[i][4 * j + 2 * h], y = d[i][4 * j + 2 * h + 1];
               if (pairs) {
-                if (col < N) *reinterpret_cast<typename Pair2<T>::type*>(crow + col) = Pair2<T>::make(x, y);
+                if (col < N) *reinterpret_cast<typename Pair<T>::type*>(crow + col) = Pair<T>::make(x, y);
               } else {
                 if (col < N) crow[col] = round1<T>(x);
                 if (col + 1 < N) crow[col + 1] = round1<T>(y);
@@ -477,7 +461,7 @@ const char* launch_wgmma_on(const Problem& p, const void* a, int64_t lda, const 
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(
       map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.M), static_cast<int>(p.N), static_cast<int>(p.K),
       static_cast<int>(tiles_m), static_cast<int>(tiles_n), pairs);
-  return launch_error();
+  return cuda::last_error();
 }
 
 template <typename T, class Tile>
@@ -508,7 +492,7 @@ inline const char* pad_rows(const void* src, void* dst, int64_t rows, int64_t co
   const int64_t blocks = std::min<int64_t>(ceil_div(n, 256), int64_t{sms} * 16);
   pad_rows_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, s>>>(static_cast<const T*>(src), static_cast<T*>(dst),
                                                                     rows, cols, ld);
-  return launch_error();
+  return cuda::last_error();
 }
 
 // The wgmma kernel for A and B that TMA cannot read as they are (K or N not
