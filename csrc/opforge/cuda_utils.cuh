@@ -120,11 +120,11 @@ inline unsigned grid_for(int64_t work_items, int64_t per_block = int64_t{kThread
   return static_cast<unsigned>(needed < 1 ? 1 : (needed < cap ? needed : cap));
 }
 
+// nullptr for cudaSuccess, else CUDA's message: the launchers' return value.
+inline const char* error_string(cudaError_t err) { return err == cudaSuccess ? nullptr : cudaGetErrorString(err); }
+
 // nullptr on success, else CUDA's message for the launch error.
-inline const char* last_error() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
+inline const char* last_error() { return error_string(cudaGetLastError()); }
 
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Vec {

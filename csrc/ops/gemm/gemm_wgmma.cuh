@@ -411,7 +411,11 @@ inline bool make_tensor_map(CUtensorMap* map, bool bf16, const void* ptr, int64_
 }
 
 // Whether this device and this build can run the wgmma kernel at all.
-inline bool wgmma_available(const DeviceInfo& info) {
+// `static`: the answer is this library's (does its code have sm_90a?), so its
+// cache must be too. An inline function's static local is one process-wide
+// (GNU unique) symbol shared by every library compiled from these sources,
+// and examples/gemm loads its own build beside opforge's.
+static bool wgmma_available(const DeviceInfo& info) {
   if (info.major != 9 || info.minor != 0) return false;
   static std::atomic<int> state[kMaxDevices];  // 0 unknown, 1 yes, 2 no
   int dev = 0;

@@ -33,21 +33,11 @@ using M64Group = Config<4, 1, 4, 2, 2, 4, 1>;
 // 40.8 us at M = 128, K = N = 8192 (128 x 64 at two CTAs per SM: 53.4).
 using Large = Config<4, 2, 4, 1, 4, 4, 1>;
 
-// The SM count of the current device, cached: the plan runs on every call.
-int sm_count() {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device < 0 || device >= kMaxDevices) return qqq::device_sm_count();
-  if (cached[device] == 0) cached[device] = qqq::device_sm_count();
-  return cached[device];
-}
-
 // Calls f(config, plan) with the configuration and plan for this problem.
 template <class F>
 auto with_plan(int64_t M, int64_t N, int64_t K, bool grouped, F&& f) {
-  const int sms = sm_count();
+  // Cached per device (cuda_utils.cuh): the plan runs on every call.
+  const int sms = cuda::sm_count();
   if (M <= 16) {
     int64_t cost_narrow = 0, cost_wide = 0;
     const Plan narrow = qqq::make_plan<Narrow>(M, N, K, sms, 0, &cost_narrow);

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "opforge/cuda_utils.cuh"
 #include "opforge/dtype.h"
 #include "qqq_gemm_kernel.h"
 
@@ -387,13 +388,6 @@ struct Plan {
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
-inline int device_sm_count() {
-  int device = 0, sms = 1;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms;
-}
-
 // Splits of K per output tile, and the plan's modelled cost. The model is
 // bandwidth-first: per SM, (CTAs it runs) x (weight bytes each streams + a
 // fixed kFixedBytes for the pipeline's fill and the epilogue), plus
@@ -440,8 +434,6 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, i
   return plan;
 }
 
-inline const char* cuda_error(cudaError_t e) { return e == cudaSuccess ? nullptr : cudaGetErrorString(e); }
-
 template <class C, bool GROUPED>
 const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
@@ -469,22 +461,22 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   if (blocks == 0) return nullptr;
   if (blocks > 0x7fffffff) return "opforge::qqq_gemm: too many output tiles for one grid";
   if (plan.splits > 1) {
-    if (const char* e = cuda_error(cudaMemsetAsync(p.counters, 0, plan.counters_bytes, s))) return e;
+    if (const char* e = cuda::error_string(cudaMemsetAsync(p.counters, 0, plan.counters_bytes, s))) return e;
   }
   auto kernel = qqq_gemm_kernel<C, GROUPED>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   constexpr int kMaxDevices = 64;
   static bool opted_in[kMaxDevices] = {};
   int device = 0;
-  if (const char* e = cuda_error(cudaGetDevice(&device))) return e;
+  if (const char* e = cuda::error_string(cudaGetDevice(&device))) return e;
   if (device >= kMaxDevices || !opted_in[device]) {
-    if (const char* e = cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM))) {
+    if (const char* e = cuda::error_string(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM))) {
       return e;
     }
     if (device < kMaxDevices) opted_in[device] = true;  // a race sets it twice: harmless
   }
   kernel<<<static_cast<unsigned>(blocks), kThreads, C::SMEM, s>>>(p);
-  return cuda_error(cudaGetLastError());
+  return cuda::error_string(cudaGetLastError());
 }
 
 }  // namespace
