@@ -46,17 +46,6 @@ struct MmaTile {
 
 namespace mma_detail {
 
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -209,7 +198,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
           const int64_t gm = m0 + g / (BK / 8), gk = k0 + (g % (BK / 8)) * 8;
           T v[8];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = (gm < M && gk + e < K) ? A[gm * K + gk + e] : from_float<T>(0.f);
+          for (int e = 0; e < 8; ++e) v[e] = (gm < M && gk + e < K) ? A[gm * K + gk + e] : cuda::from_opmath<T>(0.f);
           ra[p] = *reinterpret_cast<const Chunk*>(v);
         }
 #pragma unroll
@@ -218,7 +207,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
           const int64_t gk = k0 + g / (BN / 8), gn = n0 + (g % (BN / 8)) * 8;
           T v[8];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = (gk < K && gn + e < N) ? B[gk * N + gn + e] : from_float<T>(0.f);
+          for (int e = 0; e < 8; ++e) v[e] = (gk < K && gn + e < N) ? B[gk * N + gn + e] : cuda::from_opmath<T>(0.f);
           rb[p] = *reinterpret_cast<const Chunk*>(v);
         }
       };
@@ -260,8 +249,8 @@ __global__ void __launch_bounds__(Tile::kThreads)
           if (pairs) {
             if (col < N) *reinterpret_cast<typename Pair<T>::type*>(crow + col) = Pair<T>::make(x, y);
           } else {
-            if (col < N) crow[col] = from_float<T>(x);
-            if (col + 1 < N) crow[col + 1] = from_float<T>(y);
+            if (col < N) crow[col] = cuda::from_opmath<T>(x);
+            if (col + 1 < N) crow[col + 1] = cuda::from_opmath<T>(y);
           }
         }
       }
