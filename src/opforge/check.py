@@ -285,17 +285,16 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     mutated = spec.mutated_args
     kwargs = dict(sample.kwargs)
 
-    n_forward: list[int] = []
-
-    def run(fn: Callable[..., Any]) -> list[torch.Tensor]:
+    def run(fn: Callable[..., Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(outputs and written arguments, gradients), detached."""
         s = _with_grad(spec, sample) if spec.differentiable else Sample(_map_tensors(sample.args, torch.clone), kwargs)
         out = fn(*s.args)
         results = _tensors(out) + [s.args[i] for i in mutated]
-        n_forward.append(len(results))
+        grads = []
         if spec.differentiable:
             sum(t.sum() for t in _tensors(out)).backward()
-            results += [a.grad for a in s.args if isinstance(a, torch.Tensor) and a.grad is not None]
-        return [r.detach() for r in results]
+            grads = [a.grad for a in s.args if isinstance(a, torch.Tensor) and a.grad is not None]
+        return [r.detach() for r in results], [g.detach() for g in grads]
 
     def eager(*a: Any) -> Any:
         return spec.overload(*a, **kwargs)
@@ -303,16 +302,16 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     try:
         torch._dynamo.reset()
         compiled = torch.compile(eager, fullgraph=True)
-        want, got = run(eager), run(compiled)
-        if len(want) != len(got):
-            res.failures.append(f"{spec.name}: compiled returned {len(got)} tensors, eager {len(want)}")
-        atol, rtol = spec.tolerance(torch.float32)
+        (want, want_grads), (got, got_grads) = run(eager), run(compiled)
+        if len(want) + len(want_grads) != len(got) + len(got_grads):
+            res.failures.append(f"{spec.name}: compiled returned {len(got) + len(got_grads)} tensors, eager {len(want) + len(want_grads)}")
         for k, (w, g) in enumerate(zip(want, got, strict=False)):
-            if k < n_forward[0]:
-                if not torch.equal(w, g):
-                    res.failures.append(f"{spec.name} [{sample.desc}]: compiled output {k} differs from eager: {compare(g, w, 0, 0)}")
-            elif problem := compare(g, w, atol, rtol):
-                res.failures.append(f"{spec.name} [{sample.desc}]: compiled gradient {k - n_forward[0]} differs from eager: {problem}")
+            if not torch.equal(w, g):
+                res.failures.append(f"{spec.name} [{sample.desc}]: compiled output {k} differs from eager: {compare(g, w, 0, 0)}")
+        atol, rtol = spec.tolerance(torch.float32)
+        for k, (w, g) in enumerate(zip(want_grads, got_grads, strict=False)):
+            if problem := compare(g, w, atol, rtol):
+                res.failures.append(f"{spec.name} [{sample.desc}]: compiled gradient {k} differs from eager: {problem}")
     except Exception as exc:  # noqa: BLE001
         res.failures.append(f"{spec.name} [{sample.desc}]: {_first_line(exc)}")
     res.status = "fail" if res.failures else "pass"

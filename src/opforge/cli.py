@@ -396,7 +396,9 @@ def _fmt_tflops(row) -> str:  # noqa: ANN001
     """opforge's TFLOP/s / eager's, for rows that compute more than they move
     (a matmul: more than one FLOP per byte); "-" for streaming ops, whose
     measure is GB/s."""
-    if row.bytes <= 0 or row.flops < row.bytes:
+    from opforge.bench import compute_bound
+
+    if not compute_bound([row]):
         return "-"
     ours, eager = row.tflops("opforge"), row.tflops("eager")
     return f"{ours:,.3g}" + (f" / {eager:,.3g}" if eager else "")
