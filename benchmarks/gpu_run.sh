@@ -152,6 +152,27 @@ finalB)
   timeout 50 python3 -m opforge bench add square sigmoid axpby --device cuda --seed 1 --sweep --dtype float32 --no-compile \
     --budget 0.02 --json "$OUT/sweep.json" --plot "$OUT/sweep.png" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"
   ;;
+examples-sanitize)
+  # Issue 5-8 leftovers in one call: the examples on CUDA (started together), the sanitizer over the
+  # elementwise and LLTM kernels and qqq_gemm's CUDA tests beside them (correctness, not timing), then, if
+  # the call has time left, the memory-bound ops at 2^26/2^28 on a quiet GPU.
+  timeout ${SANITIZE_S:-320} python3 -m opforge profile add add_out square sigmoid sigmoid_backward axpby axpby_backward \
+    lltm_forward lltm_backward --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1 &
+  san=$!
+  timeout ${QQQ_TEST_S:-240} python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1 &
+  qq=$!
+  timeout ${EXAMPLES_S:-320} python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-examples.log" 2>&1
+  echo "examples rc=$?"; tail -3 "$OUT/pytest-examples.log"
+  wait $qq; echo "qqq tests rc=$?"; tail -2 "$OUT/pytest-qqq.log"
+  wait $san; echo "sanitize rc=$?"; grep -E "^│|tools" "$OUT/sanitize.txt"
+  if [ $(( $(date +%s) - start )) -lt ${BENCH_IF_BEFORE_S:-330} ]; then
+    timeout 200 python3 -m opforge bench add add_out square sigmoid sigmoid_backward axpby axpby_backward --device cuda --seed 1 \
+      --sweep --case 2^26,2^28 --budget ${BUDGET:-0.12} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    echo "bench rc=$?"; grep -E "^│ " "$OUT/bench.log" | cut -c1-150
+  else
+    echo "bench skipped: $(( $(date +%s) - start )) s gone"
+  fi
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \

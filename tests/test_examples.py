@@ -2,8 +2,8 @@
 subprocess on the CPU (and, marked ``cuda``, on the GPU), exits 0 and prints
 what it shows.
 
-Each example builds C++ (about 20 s apiece on two cores): the CPU runs start
-together, and one cache directory serves the whole module."""
+Each example builds C++ (about 20 s apiece on two cores): each device's runs
+start together, and one cache directory serves the whole module."""
 
 from __future__ import annotations
 
@@ -49,10 +49,6 @@ def finish(proc: subprocess.Popen[str], what: str, timeout: float) -> str:
         pytest.fail(f"{what} ran over {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
     assert proc.returncode == 0, f"{what} exited {proc.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     return stdout
-
-
-def run_example(name: str, cache_dir: Path, *args: str, timeout: float = 300) -> str:
-    return finish(start_example(name, cache_dir, *args), f"{name} {' '.join(args)}", timeout)
 
 
 def test_every_example_has_a_readme_naming_its_seed() -> None:
@@ -147,20 +143,21 @@ CPU_TIMEOUT = 600
 TIMEOUTS = {"gemm": 900, "qqq_gemm": 900}
 
 
-def cpu_args(name: str) -> tuple[str, ...]:
-    return ("--device", "cpu", *ARGS.get(name, ()))
+def example_args(name: str, device: str) -> tuple[str, ...]:
+    return ("--device", device, *ARGS.get(name, ()))
 
 
-@pytest.fixture(scope="module")
-def cpu_runs(request, cache_dir: Path) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    """The CPU runs of the selected examples, started together: most of each
-    run is one compiler process, so on a machine of several cores they overlap."""
+def start_selected(request, cache_dir: Path, test: str, device: str) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Start the runs of ``test``'s selected examples together: most of each run
+    is one compiler process, so on a machine of several cores they overlap
+    (the GPU machine's CUDA runs, one after another, took over 110 s for the
+    first three alone)."""
     selected = {
         item.callspec.params["name"]
         for item in request.session.items
-        if getattr(item, "originalname", None) == "test_example_cpu" and Path(item.path) == Path(__file__)
+        if getattr(item, "originalname", None) == test and Path(item.path) == Path(__file__)
     }
-    runs = {name: start_example(name, cache_dir, *cpu_args(name)) for name in CHECKS if name in selected}
+    runs = {name: start_example(name, cache_dir, *example_args(name, device)) for name in CHECKS if name in selected}
     yield runs
     for proc in runs.values():
         if proc.poll() is None:
@@ -168,14 +165,24 @@ def cpu_runs(request, cache_dir: Path) -> Iterator[dict[str, subprocess.Popen[st
             proc.communicate()
 
 
+@pytest.fixture(scope="module")
+def cpu_runs(request, cache_dir: Path) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    yield from start_selected(request, cache_dir, "test_example_cpu", "cpu")
+
+
+@pytest.fixture(scope="module")
+def cuda_runs(request, cache_dir: Path) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    yield from start_selected(request, cache_dir, "test_example_cuda", "cuda")
+
+
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_example_cpu(name: str, cpu_runs) -> None:
-    out = finish(cpu_runs[name], f"{name} {' '.join(cpu_args(name))}", timeout=TIMEOUTS.get(name, CPU_TIMEOUT))
+    out = finish(cpu_runs[name], f"{name} {' '.join(example_args(name, 'cpu'))}", timeout=TIMEOUTS.get(name, CPU_TIMEOUT))
     CHECKS[name](out, "cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", list(CHECKS))
-def test_example_cuda(name: str, cache_dir: Path) -> None:
-    out = run_example(name, cache_dir, "--device", "cuda", *ARGS.get(name, ()), timeout=max(600, TIMEOUTS.get(name, 0)))
+def test_example_cuda(name: str, cuda_runs) -> None:
+    out = finish(cuda_runs[name], f"{name} {' '.join(example_args(name, 'cuda'))}", timeout=TIMEOUTS.get(name, CPU_TIMEOUT))
     CHECKS[name](out, "cuda")
