@@ -173,6 +173,20 @@ examples-sanitize)
     echo "bench skipped: $(( $(date +%s) - start )) s gone"
   fi
   ;;
+initcheck-each)
+  # initcheck over each op's reference check on its own, the first reports with host backtraces; then the
+  # memory-bound ops at 2^26/2^28 against eager (the read flush) on a quiet GPU.
+  for op in ${OPS:-add add_out square sigmoid sigmoid_backward axpby axpby_backward lltm_forward lltm_backward}; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${INITCHECK_S:-200} compute-sanitizer --tool initcheck --print-limit 3 \
+      --show-backtrace host python3 -m opforge check $op --device cuda --checks reference --seed 1 > "$OUT/initcheck-$op.txt" 2>&1 &
+  done
+  wait
+  for f in "$OUT"/initcheck-*.txt; do echo "== $f: $(grep -c 'Uninitialized' "$f") reports; $(grep -E 'ERROR SUMMARY' "$f")"; done
+  cat "$OUT"/initcheck-*.txt | grep -B2 -A40 -m1 "Uninitialized" | grep -vE "^\s*$" | cut -c1-200 | head -60
+  timeout ${BENCH_S:-240} python3 -m opforge bench ${BENCH_OPS:-add square sigmoid} --device cuda --seed 1 --sweep --case 2^26,2^28 \
+    --no-compile --budget ${BUDGET:-0.12} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; grep -E "^│ " "$OUT/bench.log" | cut -c1-150
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
