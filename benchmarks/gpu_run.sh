@@ -183,6 +183,7 @@ initcheck-each)
   wait
   for f in "$OUT"/initcheck-*.txt; do echo "== $f: $(grep -c 'Uninitialized' "$f") reports; $(grep -E 'ERROR SUMMARY' "$f")"; done
   cat "$OUT"/initcheck-*.txt | grep -B2 -A40 -m1 "Uninitialized" | grep -vE "^\s*$" | cut -c1-200 | head -60
+  tar -czf "$OUT/initcheck.tgz" -C "$OUT" $(cd "$OUT" && ls initcheck-*.txt) && rm -f "$OUT"/initcheck-*.txt
   timeout ${BENCH_S:-240} python3 -m opforge bench ${BENCH_OPS:-add square sigmoid} --device cuda --seed 1 --sweep --case 2^26,2^28 \
     --no-compile --budget ${BUDGET:-0.12} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E "^│ " "$OUT/bench.log" | cut -c1-150
