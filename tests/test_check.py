@@ -45,6 +45,29 @@ def test_reference_check_catches_wrong_kernels(wrong_specs, name, seed):
     assert len(result.failures) >= result.count // 2
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_reference_runs_where_asked(wrong_specs, device, seed):
+    """--reference-on cpu (what profile --sanitize uses) moves only the float64
+    reference: the operator still runs on the device, and a wrong kernel still fails."""
+    (add,) = get_specs(["add"])
+    seen: list[str] = []
+
+    def traced(*args, **kwargs):
+        seen.extend(a.device.type for a in args if isinstance(a, torch.Tensor))
+        return add.reference(*args, **kwargs)
+
+    spec = dataclasses.replace(add, reference=traced)
+    assert check_reference(spec, torch.device(device), seed, reference_device="cpu").status == "pass"
+    assert seen and set(seen) == {"cpu"}
+    seen.clear()
+    assert check_reference(spec, torch.device(device), seed).status == "pass"
+    assert set(seen) == {device}
+    if device == "cpu":  # the wrong kernels have no CUDA implementation
+        wrong = dataclasses.replace(wrong_specs["add_missing_tail"], reference=traced)
+        result = check_reference(wrong, torch.device(device), seed, reference_device="cpu")
+        assert result.status == "fail" and len(result.failures) >= result.count // 2
+
+
 def test_missing_tail_is_reported_where_it_is(wrong_specs, seed):
     result = check_reference(wrong_specs["add_missing_tail"], torch.device("cpu"), seed)
     msg = next(f for f in result.failures if "[59]" in f and "float32" in f)

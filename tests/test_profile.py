@@ -257,11 +257,14 @@ def test_profile_target_that_is_a_folder_but_no_package(tmp_path, capsys):
 
 def test_sanitizer_commands():
     several = sanitizer_command("cs", "memcheck", ["add", "sigmoid"], 7)
-    assert several[-9:-6] == ["check", "add", "sigmoid"]
+    assert several[-11:-8] == ["check", "add", "sigmoid"]
     cmd = sanitizer_command("/x/compute-sanitizer", "memcheck", "add", 7)
     assert cmd[:5] == ["/x/compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9"]
     assert ("--leak-check", "no") in list(itertools.pairwise(cmd))
-    tail = [sys.executable, "-m", "opforge", "check", "add", "--device", "cuda", "--checks", "reference", "--seed", "7"]
+    # The reference on the CPU: the report is about the operator's kernels, not PyTorch's (whose
+    # multi-block reductions initcheck flags).
+    tail = [sys.executable, "-m", "opforge", "check", "add", "--device", "cuda"]
+    tail += ["--checks", "reference", "--reference-on", "cpu", "--seed", "7"]
     assert cmd[-len(tail) :] == tail
     for tool in ("racecheck", "initcheck", "synccheck"):
         cmd = sanitizer_command("cs", tool, "add", 7)

@@ -138,9 +138,19 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> s
     )
 
 
-def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype, errors: list[ErrorStats] | None = None) -> str | None:
+def run_reference(
+    spec: OpSpec,
+    sample: Sample,
+    dtype: torch.dtype,
+    errors: list[ErrorStats] | None = None,
+    reference_device: torch.device | str | None = None,
+) -> str | None:
     """Runs one sample through the operator and the float64 reference; None if
-    they agree. ``errors`` (if given) receives each output's ErrorStats."""
+    they agree. ``errors`` (if given) receives each output's ErrorStats. The
+    reference runs on the sample's device unless ``reference_device`` says
+    otherwise (the sanitizer runs put it on the CPU: its report is then about
+    the operator's kernels, not about PyTorch's own kernels computing the
+    reference, whose multi-block reductions initcheck flags)."""
     op = spec.overload
     mutated = spec.mutated_args
     args = list(sample.args)
@@ -148,8 +158,13 @@ def run_reference(spec: OpSpec, sample: Sample, dtype: torch.dtype, errors: list
         args[i].fill_(float("nan"))
     inputs_before = [a.clone() if isinstance(a, torch.Tensor) and i not in mutated else None for i, a in enumerate(args)]
 
-    ref_args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) else a for a in args]
-    expected = spec.reference(*ref_args, **sample.kwargs)
+    def to_ref(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        return a.detach().to(device=reference_device or a.device, dtype=torch.float64)
+
+    ref_args = [to_ref(a) for a in args]
+    expected = spec.reference(*ref_args, **{k: to_ref(v) for k, v in sample.kwargs.items()})
     with poisoned_allocations():
         got = op(*args, **sample.kwargs)
 
@@ -188,7 +203,9 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[0] if msg else ''}"
 
 
-def check_reference(spec: OpSpec, device: torch.device, seed: int, seeds: int = 1) -> CheckResult:
+def check_reference(
+    spec: OpSpec, device: torch.device, seed: int, seeds: int = 1, reference_device: torch.device | str | None = None
+) -> CheckResult:
     """Every sample in every dtype, with ``seeds`` fresh draws each (seed, seed+1, ...);
     ``worst`` keeps the largest error per case ("dtype [layout]") across them."""
     res = CheckResult(spec.name, "reference", "pass")
@@ -199,7 +216,7 @@ def check_reference(spec: OpSpec, device: torch.device, seed: int, seeds: int = 
                 res.count += 1
                 errors: list[ErrorStats] = []
                 try:
-                    problem = run_reference(spec, sample, dtype, errors)
+                    problem = run_reference(spec, sample, dtype, errors, reference_device)
                 except Exception as exc:  # noqa: BLE001 - report, keep checking
                     problem = _first_line(exc)
                 case = f"{str(dtype).removeprefix('torch.')} [{sample.desc}]"
@@ -344,12 +361,19 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
 }
 
 
-def check_op(spec: OpSpec, device: torch.device, seed: int, checks: Sequence[str] = CHECKS, seeds: int = 1) -> list[CheckResult]:
+def check_op(
+    spec: OpSpec,
+    device: torch.device,
+    seed: int,
+    checks: Sequence[str] = CHECKS,
+    seeds: int = 1,
+    reference_device: torch.device | str | None = None,
+) -> list[CheckResult]:
     results = []
     for name in checks:
         try:
             if name == "reference":
-                results.append(check_reference(spec, device, seed, seeds))
+                results.append(check_reference(spec, device, seed, seeds, reference_device))
             else:
                 results.append(CHECK_FUNCTIONS[name](spec, device, seed))
         except Exception:  # noqa: BLE001 - a crash in one check must not hide the others

@@ -234,7 +234,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def run_check(
-    names: Sequence[str], device_name: str, seed: int | None, checks: Sequence[str], seeds: int = 1, report: bool = False
+    names: Sequence[str],
+    device_name: str,
+    seed: int | None,
+    checks: Sequence[str],
+    seeds: int = 1,
+    report: bool = False,
+    reference_on: str = "device",
 ) -> bool:
     from opforge.check import check_op
 
@@ -252,7 +258,7 @@ def run_check(
     n_pass = n_fail = 0
     for spec in specs:
         with err.status(f"checking {spec.name}"):
-            results = check_op(spec, device, seed, checks, seeds)
+            results = check_op(spec, device, seed, checks, seeds, reference_device="cpu" if reference_on == "cpu" else None)
         cells = []
         for r in results:
             if r.status == "pass":
@@ -303,7 +309,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise SystemExit(f"opforge: unknown check {c!r}; choose from {', '.join(CHECKS)}")
     if args.seeds < 1:
         raise SystemExit(f"opforge: --seeds must be at least 1, got {args.seeds}")
-    return 0 if run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report) else 1
+    return 0 if run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report, args.reference_on) else 1
 
 
 def _fmt_us(t) -> str:  # noqa: ANN001
@@ -596,6 +602,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp.add_argument("--checks", default=None, help="comma-separated subset of: reference,opcheck,gradcheck,compile,bad inputs")
     sp.add_argument("--seeds", type=int, default=1, help="K fresh seeds per sample for the reference check (default 1)")
     sp.add_argument("--report", action="store_true", help="the worst error per case, not per dtype")
+    sp.add_argument(
+        "--reference-on",
+        choices=("device", "cpu"),
+        default="device",
+        help="where the float64 reference runs (default: the checked device; profile --sanitize uses cpu)",
+    )
     sp.set_defaults(fn=cmd_check)
     for name, helptext, fn in [
         ("bench", "time operators against their PyTorch reference", cmd_bench),

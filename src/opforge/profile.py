@@ -9,7 +9,7 @@ with them.
   kernels around it are never captured, and with ``--clock-control none``, so the
   GPU runs at the clocks it runs at in ``opforge bench`` (ncu's default locks
   them to base clocks, which makes every duration look slower than it is).
-* ``--sanitize`` runs ``opforge check OP --checks reference`` under each of
+* ``--sanitize`` runs ``opforge check OP --checks reference --reference-on cpu`` under each of
   compute-sanitizer's tools (memcheck, racecheck, initcheck, synccheck).
 
 Both need a GPU and the NVIDIA tools; without them the command says what is
@@ -634,6 +634,8 @@ def sanitizer_command(sanitizer: str, tool: str, op: str | Sequence[str], seed: 
         "cuda",
         "--checks",
         "reference",
+        "--reference-on",
+        "cpu",
         "--seed",
         str(seed),
     ]
@@ -671,7 +673,7 @@ def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Pa
     target = " ".join(targets)
     err.print(f"opforge profile --sanitize {target}, seed {seed} (rerun with --seed {seed})", highlight=False)
     env = _sanitizer_env()
-    table = Table(title=f"compute-sanitizer: opforge check {target} --device cuda --checks reference --seed {seed}")
+    table = Table(title=f"compute-sanitizer: opforge check {target} --device cuda --checks reference --reference-on cpu --seed {seed}")
     for col in ("tool", "errors", "result", "kernels with errors"):
         table.add_column(col, justify="right" if col == "errors" else "left")
     failed = False
