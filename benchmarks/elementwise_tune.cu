@@ -4,14 +4,15 @@
 // bfloat16, against the device-to-device copy of the same bytes.
 //
 //   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
-//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small]...
+//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small|aligned]...
 //
 // sweep (the default): the table above. sigmoid: the arithmetic of sigmoid's
 // forms (libm + IEEE division, libm + approximate reciprocal, ex2/rcp
 // approximations) in each dtype at 2^26 and 2^28, beside square (the same
 // bytes, one instruction). small: device time of add at 2^12-2^16 elements for
 // 64, 128 and 256 threads a block, from a CUDA graph of 256 launches (no
-// launch overhead in the figure).
+// launch overhead in the figure). aligned: add at 2^26/2^28 through the aligned
+// kernel at 128/256/512 threads a block, rounds interleaved.
 //
 // Times: CUDA events around each call, median of 30 calls after 5 warm-ups.
 // Every size here is at least 4x the 50 MB L2 of an H200 (bf16 2^24 and up),
@@ -256,6 +257,49 @@ void small_sizes() {
   }
 }
 
+// add at 2^26 and 2^28 through the aligned kernel at 128, 256 (the default) and
+// 512 threads a block, and through the general kernel with 2 vectors a thread:
+// rounds interleaved so that drift in the clocks hits every variant alike; the
+// median over rounds of each round's median.
+template <typename T, int Threads, int Unroll>
+float add_us(int64_t n, T* a, T* b, T* o) {
+  return median_us([&] {
+    cu::launch_elementwise<Threads, Unroll>(cu::Pointers<T, 2, 1>{{a, b}, {o}}, n, nullptr, cu::Binary<AddOp>{});
+  });
+}
+
+template <typename T>
+void aligned_threads(const char* dtype) {
+  for (int log2n : {26, 28}) {
+    const int64_t n = int64_t{1} << log2n;
+    T *a, *b, *o;
+    CHECK(cudaMalloc(&a, n * sizeof(T)));
+    CHECK(cudaMalloc(&b, n * sizeof(T)));
+    CHECK(cudaMalloc(&o, n * sizeof(T)));
+    fill<<<1024, 256>>>(a, n, 1e-3f);
+    fill<<<1024, 256>>>(b, n, 2e-3f);
+    std::vector<float> r[4];
+    for (int round = 0; round < 7; ++round) {
+      r[0].push_back(add_us<T, 128, 1>(n, a, b, o));
+      r[1].push_back(add_us<T, 256, 1>(n, a, b, o));
+      r[2].push_back(add_us<T, 512, 1>(n, a, b, o));
+      r[3].push_back(add_us<T, 256, 2>(n, a, b, o));
+    }
+    float med[4];
+    for (int k = 0; k < 4; ++k) {
+      std::sort(r[k].begin(), r[k].end());
+      med[k] = r[k][r[k].size() / 2];
+    }
+    const double gb = 3.0 * n * sizeof(T) / 1e3;
+    std::printf("add %-8s 2^%-3d aligned 128 thr %7.1f us (%4.0f GB/s) | 256 thr %7.1f (%4.0f) | 512 thr %7.1f (%4.0f) | "
+                "general 256x2 %7.1f (%4.0f)\n",
+                dtype, log2n, med[0], gb / med[0], med[1], gb / med[1], med[2], gb / med[2], med[3], gb / med[3]);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(o);
+  }
+}
+
 int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -275,8 +319,12 @@ int main(int argc, char** argv) {
       sigmoid_forms<__nv_bfloat16>("bfloat16");
     } else if (mode == "small") {
       small_sizes();
+    } else if (mode == "aligned") {
+      aligned_threads<float>("float32");
+      aligned_threads<__half>("float16");
+      aligned_threads<__nv_bfloat16>("bfloat16");
     } else {
-      std::printf("unknown mode %s (sweep, sigmoid, small)\n", mode.c_str());
+      std::printf("unknown mode %s (sweep, sigmoid, small, aligned)\n", mode.c_str());
       return 2;
     }
   }

@@ -188,6 +188,22 @@ initcheck-each)
     --no-compile --budget ${BUDGET:-0.12} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E "^│ " "$OUT/bench.log" | cut -c1-150
   ;;
+sanitize-tune)
+  # The sanitizer over the elementwise and LLTM kernels (reference on the CPU), beside it the CUDA tests of
+  # check/profile and initcheck of PyTorch's own multi-block sum alone; then add's block size at 2^26/2^28.
+  timeout ${SANITIZE_S:-330} python3 -m opforge profile add add_out square sigmoid sigmoid_backward axpby axpby_backward \
+    lltm_forward lltm_backward --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1 &
+  san=$!
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool initcheck --print-limit 1 python3 -c \
+    "import torch; x = torch.randn(1025, 900, dtype=torch.float64, device='cuda'); print(x.sum(0).sum().item())" \
+    > "$OUT/initcheck-torch-sum.txt" 2>&1
+  echo "torch sum(0) alone under initcheck: $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-torch-sum.txt")"; grep -m1 -A1 "Uninitialized" "$OUT/initcheck-torch-sum.txt" | cut -c1-160
+  timeout 200 python3 -m pytest tests/test_check.py tests/test_profile.py -q -p no:cacheprovider -m cuda > "$OUT/pytest.log" 2>&1
+  echo "check/profile CUDA tests rc=$?"; tail -2 "$OUT/pytest.log"
+  wait $san; echo "sanitize rc=$?"; grep -E "^│|tools" "$OUT/sanitize.txt"
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 120 /tmp/elementwise_tune aligned 2>&1 | tee "$OUT/tune.txt"
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
