@@ -204,6 +204,18 @@ sanitize-tune)
   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
     && timeout 120 /tmp/elementwise_tune aligned 2>&1 | tee "$OUT/tune.txt"
   ;;
+initcheck-filter)
+  # Which --kernel-name-exclude form keeps initcheck off PyTorch's reduce_kernel (torch's own sum(0) alone: 2,108
+  # reports), and the sanitizer run over the elementwise and LLTM kernels with the form profile.py uses.
+  for f in kns=reduce_kernel kns=at::native::reduce_kernel kns=_ZN2at6native13reduce_kernel; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 compute-sanitizer --tool initcheck --kernel-name-exclude $f python3 -c \
+      "import torch; x = torch.randn(1025, 900, dtype=torch.float64, device='cuda'); print(x.sum(0).sum().item())" 2>&1 \
+      | grep -E "ERROR SUMMARY|rror:" | sed "s/^/$f: /"
+  done
+  timeout ${SANITIZE_S:-330} python3 -m opforge profile add add_out square sigmoid sigmoid_backward axpby axpby_backward \
+    lltm_forward lltm_backward --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1
+  echo "sanitize rc=$?"; grep -E "^│|tools|excl" "$OUT/sanitize.txt"
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
