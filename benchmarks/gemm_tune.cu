@@ -10,6 +10,9 @@
 // inputs upcast, ||C - ref|| / ||ref|| over the whole matrix, NaN or Inf
 // anywhere a failure, and (2) 512 sampled entries (the four corners among
 // them) against a float64 dot product on the device.
+// Variants that need a workspace (padded operands) get one of the size they
+// ask for, allocated once per problem, outside the timed calls; each must
+// also refuse one a byte short (an error, never a wrong result).
 // Timing: CUDA events around each call, L2 flushed (a 256 MB memset) before
 // each, median of up to 50 calls after 3 warm-ups; cuBLAS (cublasGemmEx, or
 // cublasSgemm/Dgemm with CUBLAS_DEFAULT_MATH: no TF32) timed the same way.
@@ -19,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,42 +136,54 @@ __global__ void sample_ref(const T* a, const T* b, const T* c, int64_t N, int64_
 // ---------------------------------------------------------------------------
 // Variants
 
+using Applies = std::function<bool(const Problem&)>;
+using WorkspaceBytes = std::function<size_t(const Problem&)>;
+
 struct Variant {
   std::string name;
   DType dtype;
-  std::function<bool(const Problem&)> applies;
-  std::function<const char*(const Problem&, cudaStream_t)> run;
+  Applies applies;
+  std::function<const char*(const Problem&, Workspace, cudaStream_t)> run;
+  WorkspaceBytes workspace;  // bytes `run` needs for a problem (empty: none)
 };
 
 static DeviceInfo g_info;
 
 static bool any_problem(const Problem&) { return true; }
 
+template <typename T>
+using SimtAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
 template <typename T, class Tile, bool kVec>
 void add_simt(std::vector<Variant>& v, const std::string& name, DType dt) {
-  std::function<bool(const Problem&)> ok = kVec ? std::function<bool(const Problem&)>(simt_vec_ok) : any_problem;
-  v.push_back({name, dt, ok, [](const Problem& p, cudaStream_t s) {
-                 return launch_simt<T, std::conditional_t<std::is_same_v<T, double>, double, float>, Tile, kVec>(
-                     p, g_info.sms, s);
+  v.push_back({name, dt, kVec ? Applies(simt_vec_ok) : Applies(any_problem),
+               [](const Problem& p, Workspace, cudaStream_t s) {
+                 return launch_simt<T, SimtAcc<T>, Tile, kVec>(p, g_info.sms, s);
                }});
 }
 
 template <typename T, class Tile, bool kAsync>
 void add_mma(std::vector<Variant>& v, const std::string& name, DType dt) {
-  std::function<bool(const Problem&)> ok = kAsync ? std::function<bool(const Problem&)>(mma_async_ok) : any_problem;
-  v.push_back({name, dt, ok, [](const Problem& p, cudaStream_t s) { return launch_mma<T, Tile, kAsync>(p, s); }});
+  const Applies ok = kAsync ? Applies(mma_async_ok) : Applies(any_problem);
+  v.push_back({name, dt, ok,
+               [](const Problem& p, Workspace, cudaStream_t s) { return launch_mma<T, Tile, kAsync>(p, s); }});
 }
 
 template <typename T, class Tile>
 void add_wgmma(std::vector<Variant>& v, const std::string& name, DType dt, int max_ctas = 0) {
   v.push_back({name, dt, [](const Problem& p) { return wgmma_ok(p) && wgmma_available(g_info); },
-               [max_ctas](const Problem& p, cudaStream_t s) { return launch_wgmma<T, Tile>(p, g_info, s, max_ctas); }});
+               [max_ctas](const Problem& p, Workspace, cudaStream_t s) {
+                 return launch_wgmma<T, Tile>(p, g_info, s, max_ctas);
+               }});
 }
 
 template <typename T, class Tile>
 void add_wgmma_packed(std::vector<Variant>& v, const std::string& name, DType dt) {
   v.push_back({name, dt, [](const Problem& p) { return wgmma_dims_ok(p) && wgmma_available(g_info); },
-               [](const Problem& p, cudaStream_t s) { return launch_wgmma_packed<T, Tile>(p, g_info, s); }});
+               [](const Problem& p, Workspace ws, cudaStream_t s) {
+                 return launch_wgmma_packed<T, Tile>(p, g_info, s, ws);
+               },
+               packed_workspace_bytes});
 }
 
 template <typename T>
@@ -182,7 +198,7 @@ void add_half_variants(std::vector<Variant>& v, DType dt) {
   add_wgmma<T, WgmmaTile<64, 64, 8, 1>>(v, "wgmma64x64s8", dt);
   add_wgmma<T, WgmmaTile<128, 256, 4, 2, false>>(v, "wgmma128x256s4d", dt);
   add_wgmma<T, WgmmaTile<64, 128, 8, 1, false>>(v, "wgmma64x128s8d", dt);
-  // Any shape on sm_90a: misaligned operands padded into scratch first.
+  // Any shape on sm_90a: misaligned operands padded into the workspace first.
   add_wgmma_packed<T, WgmmaTile<128, 256, 4, 2, false>>(v, "packed128x256s4", dt);
   add_wgmma_packed<T, WgmmaTile<128, 128, 6, 2, false>>(v, "packed128x128s6", dt);
   add_wgmma_packed<T, WgmmaTile<64, 128, 8, 1, false>>(v, "packed64x128s8", dt);
@@ -213,8 +229,11 @@ static std::vector<Variant> make_variants() {
   add_half_variants<__nv_bfloat16>(v, DType::BFloat16);
   add_half_variants<__half>(v, DType::Float16);
   add_simt<__half, SimtTile<64, 64, 16, 32, 32, 4, 8>, false>(v, "simt64x64x16_scalar", DType::Float16);
+  // gemm_cuda's own plan: the same two calls (gemm_cuda_workspace, gemm_cuda).
   for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
-    v.push_back({"auto", dt, any_problem, [dt](const Problem& p, cudaStream_t s) { return dispatch(dt, p, s); }});
+    v.push_back({"auto", dt, any_problem,
+                 [dt](const Problem& p, Workspace ws, cudaStream_t s) { return dispatch(dt, p, ws, s); },
+                 [dt](const Problem& p) { return workspace_bytes(dt, p); }});
   }
   return v;
 }
@@ -273,6 +292,30 @@ static void free_case(Case& cs) {
   for (void* p : {cs.a, cs.b, cs.c, cs.a_up, cs.b_up, cs.ref})
     if (p) CHECK(cudaFree(p));
 }
+
+// The workspace a variant asks for, as gemm.cpp gives it: cudaMalloc'd once
+// per problem (a block at least as large is kept for the next variant), so
+// that no allocation falls inside a timed call. Freed by release().
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Workspace get(size_t need) {
+    if (need == 0) return {};
+    if (need > bytes) {
+      release();
+      CHECK(cudaMalloc(&ptr, need));
+      bytes = need;
+    }
+    return {ptr, need};
+  }
+  void release() {
+    if (ptr != nullptr) CHECK(cudaFree(ptr));
+    ptr = nullptr, bytes = 0;
+  }
+};
+static Scratch g_scratch;
+
+static size_t workspace_of(const Variant& v, const Problem& p) { return v.workspace ? v.workspace(p) : 0; }
 
 // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets (B, A) and (N, M).
 static void blas_ref(Case& cs) {
@@ -512,8 +555,20 @@ int main(int argc, char** argv) {
       for (auto& v : variants) {
         if (v.dtype != dt || !v.applies(cs.p())) continue;
         if (!only.empty() && v.name.find(only) == std::string::npos && v.name != "auto") continue;
+        const size_t need = workspace_of(v, cs.p());
+        if (need > 0) {
+          // One byte short, and none at all: an error before anything runs.
+          const Workspace full = g_scratch.get(need);
+          const char* e1 = v.run(cs.p(), Workspace{full.ptr, need - 1}, nullptr);
+          const char* e2 = v.run(cs.p(), Workspace{}, nullptr);
+          if (e1 == nullptr || e2 == nullptr) {
+            std::printf("FAIL %-9s %5lldx%5lldx%5lld %-22s ran with a short workspace (%zu of %zu bytes)\n", dname(dt),
+                        (long long)sh.M, (long long)sh.N, (long long)sh.K, v.name.c_str(), need - 1, need);
+            ++failures;
+          }
+        }
         CHECK(cudaMemset(cs.c, 0xff, cs.M * cs.N * dsize(dt)));  // NaN in every dtype
-        const char* err = v.run(cs.p(), nullptr);
+        const char* err = v.run(cs.p(), g_scratch.get(need), nullptr);
         const std::string what = v.name + " " + dname(dt) + " " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" + std::to_string(sh.K);
         cudaError_t sync = sync_or_die(what.c_str());
         if (err != nullptr || sync != cudaSuccess) {
@@ -531,6 +586,7 @@ int main(int argc, char** argv) {
                     r.bad);
       }
       free_case(cs);
+      g_scratch.release();
     }
   }
   std::printf("correctness: %d failure(s)\n", failures);
@@ -554,6 +610,7 @@ int main(int argc, char** argv) {
                                     {16, 8192, 8192},   {2048, 2048, 2048}, {1024, 1024, 1024}};
   if (quick) time_shapes.resize(2);
   std::vector<Row> rows;
+  std::vector<std::string> plans;
   for (DType dt : {DType::BFloat16, DType::Float16, DType::Float32}) {
     for (const Shape& sh : time_shapes) {
       Case cs{dt, sh.M, sh.N, sh.K};
@@ -575,9 +632,10 @@ int main(int argc, char** argv) {
         if (v.name.find("_unal") != std::string::npos && mma_async_ok(cs.p())) continue;
         if (v.name.find("packed") != std::string::npos && wgmma_ok(cs.p())) continue;
         const Problem p = cs.p();
+        const Workspace ws = g_scratch.get(workspace_of(v, p));
         const auto [us, bus] = median_us(
             [&] {
-              if (const char* err = v.run(p, nullptr)) {
+              if (const char* err = v.run(p, ws, nullptr)) {
                 std::printf("launch failed: %s\n", err);
                 std::exit(1);
               }
@@ -590,7 +648,13 @@ int main(int argc, char** argv) {
       const double blas_us = blas_all.empty() ? 0 : blas_all[blas_all.size() / 2];
       rows[blas_row].us = blas_us;
       rows[blas_row].tflops = blas_us > 0 ? flops / blas_us / 1e6 : 0;
+      const Plan pl = plan(dt, cs.p(), g_info);
+      char line[160];
+      std::snprintf(line, sizeof line, "%-16s %-9s %-16s vec %d  workspace %8.2f MB", shape, dname(dt),
+                    kernel_name(pl.kernel), pl.vec ? 1 : 0, pl.workspace / 1048576.0);
+      plans.push_back(line);
       free_case(cs);
+      g_scratch.release();
       CHECK(cudaGetLastError());
     }
   }
@@ -601,6 +665,8 @@ int main(int argc, char** argv) {
     std::printf("%-16s %-9s %-22s %10.1f %9.1f %7.1f%%\n", r.shape.c_str(), r.dtype.c_str(), r.variant.c_str(), r.us,
                 r.tflops, r.pct);
   }
+  std::printf("\n== auto's plan per timed shape (vec: 16-byte loads for SIMT, cp.async for mma.sync)\n");
+  for (const std::string& line : plans) std::printf("%s\n", line.c_str());
   std::printf("correctness: %d failure(s)\n", failures);
   return failures ? 1 : 0;
 }

@@ -1,6 +1,6 @@
 #pragma once
-// Pieces every GEMM kernel family shares: problem description, tile order,
-// cached per-device facts and the once-per-device shared-memory opt-in.
+// Pieces every GEMM kernel family shares: problem description, workspace, tile
+// order, cached per-device facts and the once-per-device shared-memory opt-in.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,6 +20,28 @@ struct Problem {
   void* c;
   int64_t M, N, K;
 };
+
+inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Device memory the caller gives a launcher for its intermediate results
+// (padded copies of operands TMA cannot read). The
+// launcher never allocates: gemm.cpp takes it from ATen's caching allocator,
+// on the stream the GEMM runs on, so that it is reused like any tensor.
+struct Workspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// Whether `ws` holds `need` bytes at a 16-byte boundary (float4 and TMA
+// addresses): nullptr, or the error a launcher returns before launching.
+inline const char* check_workspace(const Workspace& ws, size_t need) {
+  if (need == 0) return nullptr;
+  if (ws.ptr == nullptr || ws.bytes < need) {
+    return "opforge: gemm: the workspace is smaller than the plan needs (gemm_cuda_workspace gives its size)";
+  }
+  if (!aligned(ws.ptr, 16)) return "opforge: gemm: the workspace must be 16-byte aligned";
+  return nullptr;
+}
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -114,7 +136,5 @@ struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
-
-inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace opforge::gemm
