@@ -10,12 +10,13 @@
 // inputs upcast, ||C - ref|| / ||ref|| over the whole matrix, NaN or Inf
 // anywhere a failure, and (2) 512 sampled entries (the four corners among
 // them) against a float64 dot product on the device.
-// Variants that need a workspace (padded operands) get one of the size they
-// ask for, allocated once per problem, outside the timed calls; each must
-// also refuse one a byte short (an error, never a wrong result).
+// Variants that need a workspace (split-K, padded operands) get one of the
+// size they ask for, allocated once per problem, outside the timed calls;
+// each must also refuse one a byte short (an error, never a wrong result).
 // Timing: CUDA events around each call, L2 flushed (a 256 MB memset) before
 // each, median of up to 50 calls after 3 warm-ups; cuBLAS (cublasGemmEx, or
 // cublasSgemm/Dgemm with CUBLAS_DEFAULT_MATH: no TF32) timed the same way.
+// The split-K variants (_sk<splits>) are timed on the few-row shapes they are for.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -145,11 +146,18 @@ struct Variant {
   Applies applies;
   std::function<const char*(const Problem&, Workspace, cudaStream_t)> run;
   WorkspaceBytes workspace;  // bytes `run` needs for a problem (empty: none)
+  int64_t time_max_m = INT64_MAX;  // timed only on shapes with M up to this
 };
 
 static DeviceInfo g_info;
 
 static bool any_problem(const Problem&) { return true; }
+
+// Split-K variants check the odd shapes but not the large ones: their
+// workspace is splits x M x N partial sums (16 splits of 4096^2: 1 GB), and
+// the shapes they are for have a few rows.
+constexpr int64_t kSplitCheckMaxMN = int64_t{1} << 22;
+constexpr int64_t kSplitTimeMaxM = 64;
 
 template <typename T>
 using SimtAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -160,6 +168,30 @@ void add_simt(std::vector<Variant>& v, const std::string& name, DType dt) {
                [](const Problem& p, Workspace, cudaStream_t s) {
                  return launch_simt<T, SimtAcc<T>, Tile, kVec>(p, g_info.sms, s);
                }});
+}
+
+// The split-K launcher asked for `splits` K ranges (split_k may run fewer).
+template <typename T, class Tile, bool kVec>
+void add_simt_split(std::vector<Variant>& v, const std::string& name, DType dt, int splits) {
+  v.push_back({name, dt, [](const Problem& p) { return (!kVec || simt_vec_ok(p)) && p.M * p.N <= kSplitCheckMaxMN; },
+               [splits](const Problem& p, Workspace ws, cudaStream_t s) {
+                 return launch_simt<T, SimtAcc<T>, Tile, kVec, true>(p, g_info.sms, s, splits, ws);
+               },
+               [splits](const Problem& p) { return simt_workspace_bytes<SimtAcc<T>, Tile>(p, splits); },
+               kSplitTimeMaxM});
+}
+
+// One SIMT tile split 2, 4, 8 and 16 ways (16-byte loads), named
+// <name>_sk<splits>; and unsplit, named <name>, where asked.
+template <class Tile>
+void add_simt_splits(std::vector<Variant>& v, const std::string& name, bool with_unsplit = false) {
+  if (with_unsplit) {
+    add_simt<float, Tile, true>(v, name, DType::Float32);
+    v.back().time_max_m = kSplitTimeMaxM;
+  }
+  for (int splits : {2, 4, 8, 16}) {
+    add_simt_split<float, Tile, true>(v, name + "_sk" + std::to_string(splits), DType::Float32, splits);
+  }
 }
 
 template <typename T, class Tile, bool kAsync>
@@ -226,6 +258,18 @@ static std::vector<Variant> make_variants() {
   add_simt<float, SimtTile<64, 64, 16, 32, 32, 4, 8>, true>(v, "simt64x64x16", DType::Float32);
   add_simt<float, SimtTile<128, 128, 8, 64, 32, 8, 8>, false>(v, "simt128x128x8_scalar", DType::Float32);
   add_simt<float, SimtTile<64, 64, 16, 32, 32, 4, 8>, false>(v, "simt64x64x16_scalar", DType::Float32);
+  // Split-K on the few-row tiles: the dispatcher's 16 x 64 x 32, 32 x 32 x
+  // 32 and 64 x 64 x 16 (unsplit above), and 16 x 128 x 32 with 4 warps (the
+  // same 4 x 4 outputs a thread, twice the B columns per CTA).
+  add_simt_splits<SimtSkinny16>(v, "simt16x64x32");
+  add_simt_splits<SimtTile<16, 128, 32, 16, 32, 4, 4>>(v, "simt16x128x32", true);
+  add_simt_splits<SimtSkinny32>(v, "simt32x32x32");
+  add_simt_splits<SimtSmall>(v, "simt64x64x16");
+  // Element loads and float64 through the split path (K, N odd; checked, and
+  // timed only where they are the only choice).
+  add_simt_split<float, SimtSkinny16, false>(v, "simt16x64x32_sk4_scalar", DType::Float32, 4);
+  add_simt_split<float, SimtSmall, false>(v, "simt64x64x16_sk4_scalar", DType::Float32, 4);
+  add_simt_split<double, SimtF64, false>(v, "simt64x64x8_sk4", DType::Float64, 4);
   add_half_variants<__nv_bfloat16>(v, DType::BFloat16);
   add_half_variants<__half>(v, DType::Float16);
   add_simt<__half, SimtTile<64, 64, 16, 32, 32, 4, 8>, false>(v, "simt64x64x16_scalar", DType::Float16);
@@ -541,7 +585,10 @@ int main(int argc, char** argv) {
       {1, 1, 1},        {7, 7, 7},       {1, 8, 8},        {7, 16, 24},      {59, 97, 1025},    {97, 59, 33},
       {1, 1025, 97},    {1025, 1, 59},   {64, 64, 64},     {129, 257, 65},   {59, 1032, 1048},  {200, 72, 8},
       {1025, 1025, 1025}, {1024, 1024, 1024}, {255, 520, 1000}, {16, 8192, 8192}, {4095, 4097, 4093}, {8192, 8192, 512},
-      {4096, 4096, 4096}, {300, 4104, 136}, {4097, 264, 4096}};
+      {4096, 4096, 4096}, {300, 4104, 136}, {4097, 264, 4096},
+      // Split-K's shapes: few rows, long K, M / N / K tails, odd K (element
+      // loads), K not a multiple of the split chunk.
+      {3, 1000, 4096}, {31, 4097, 8191}, {32, 8192, 8192}, {64, 4096, 4096}, {1, 520, 2049}};
   if (quick) check_shapes.resize(14);
   std::printf("\n== correctness (rel = ||C - ref|| / ||ref||; full: vs cuBLAS float32 on every element, f64: 512 "
               "sampled entries vs float64)\n");
@@ -607,7 +654,8 @@ int main(int argc, char** argv) {
 
   // ---- timing
   std::vector<Shape> time_shapes = {{4096, 4096, 4096}, {8192, 8192, 8192}, {4095, 4097, 4093}, {8192, 8192, 512},
-                                    {16, 8192, 8192},   {2048, 2048, 2048}, {1024, 1024, 1024}};
+                                    {16, 8192, 8192},   {2048, 2048, 2048}, {1024, 1024, 1024}, {32, 8192, 8192},
+                                    {64, 4096, 4096}};
   if (quick) time_shapes.resize(2);
   std::vector<Row> rows;
   std::vector<std::string> plans;
@@ -631,6 +679,7 @@ int main(int argc, char** argv) {
         if (v.name.find("_scalar") != std::string::npos && simt_vec_ok(cs.p())) continue;
         if (v.name.find("_unal") != std::string::npos && mma_async_ok(cs.p())) continue;
         if (v.name.find("packed") != std::string::npos && wgmma_ok(cs.p())) continue;
+        if (sh.M > v.time_max_m) continue;
         const Problem p = cs.p();
         const Workspace ws = g_scratch.get(workspace_of(v, p));
         const auto [us, bus] = median_us(
@@ -650,8 +699,8 @@ int main(int argc, char** argv) {
       rows[blas_row].tflops = blas_us > 0 ? flops / blas_us / 1e6 : 0;
       const Plan pl = plan(dt, cs.p(), g_info);
       char line[160];
-      std::snprintf(line, sizeof line, "%-16s %-9s %-16s vec %d  workspace %8.2f MB", shape, dname(dt),
-                    kernel_name(pl.kernel), pl.vec ? 1 : 0, pl.workspace / 1048576.0);
+      std::snprintf(line, sizeof line, "%-16s %-9s %-16s vec %d  splits %2d  workspace %8.2f MB", shape, dname(dt),
+                    kernel_name(pl.kernel), pl.vec ? 1 : 0, pl.splits, pl.workspace / 1048576.0);
       plans.push_back(line);
       free_case(cs);
       g_scratch.release();
@@ -665,7 +714,8 @@ int main(int argc, char** argv) {
     std::printf("%-16s %-9s %-22s %10.1f %9.1f %7.1f%%\n", r.shape.c_str(), r.dtype.c_str(), r.variant.c_str(), r.us,
                 r.tflops, r.pct);
   }
-  std::printf("\n== auto's plan per timed shape (vec: 16-byte loads for SIMT, cp.async for mma.sync)\n");
+  std::printf("\n== auto's plan per timed shape (vec: 16-byte loads for SIMT, cp.async for mma.sync; splits: "
+              "split-K's K ranges)\n");
   for (const std::string& line : plans) std::printf("%s\n", line.c_str());
   std::printf("correctness: %d failure(s)\n", failures);
   return failures ? 1 : 0;

@@ -483,8 +483,9 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
       kOp, C,
       [&](auto stream) {
         const DType dtype = to_dtype(C.scalar_type());
-        // The launcher's scratch (padded copies of operands TMA cannot read)
-        // comes from the caching allocator, on the current stream: once this tensor is freed, the allocator hands its
+        // The launcher's scratch (split-K partial sums, padded copies of
+        // operands TMA cannot read) comes from the caching allocator, on the
+        // current stream: once this tensor is freed, the allocator hands its
         // block only to later work on that stream, which runs after the GEMM.
         const size_t bytes = gemm_cuda_workspace(dtype, M, N, K, A.const_data_ptr(),
                                                  B.const_data_ptr(), C.const_data_ptr());

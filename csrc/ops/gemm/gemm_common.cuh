@@ -1,6 +1,7 @@
 #pragma once
 // Pieces every GEMM kernel family shares: problem description, workspace, tile
-// order, cached per-device facts and the once-per-device shared-memory opt-in.
+// order, cached per-device facts, the once-per-device shared-memory opt-in and
+// the occupancy a plan reads.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,7 +25,7 @@ struct Problem {
 inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Device memory the caller gives a launcher for its intermediate results
-// (padded copies of operands TMA cannot read). The
+// (split-K partial sums, padded copies of operands TMA cannot read). The
 // launcher never allocates: gemm.cpp takes it from ATen's caching allocator,
 // on the stream the GEMM runs on, so that it is reused like any tensor.
 struct Workspace {
@@ -114,6 +115,31 @@ inline const char* allow_smem(int bytes) {
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (cached) done[dev].store(bytes, std::memory_order_release);
   return nullptr;
+}
+
+// How many CTAs of `kernel` (threads, dynamic shared memory bytes) one SM
+// holds at once, read once per device; 1 if the runtime cannot say (a plan
+// then asks for fewer CTAs, never for a second wave). `static`: the answer is
+// this library's build of the kernel (its registers), so its cache must be
+// too, as wgmma_available's: an inline function's static local is one
+// process-wide symbol shared by every library built from these sources.
+template <auto kernel>
+static int resident_ctas(int threads, int smem) {
+  static std::atomic<int> cache[kMaxDevices];  // 0: not yet read
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached) {
+    if (const int n = cache[dev].load(std::memory_order_acquire)) return n;
+  }
+  if (allow_smem<kernel>(smem) != nullptr) return 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess || n < 1) {
+    cudaGetLastError();  // not sticky: clear it
+    return 1;
+  }
+  if (cached) cache[dev].store(n, std::memory_order_release);
+  return n;
 }
 
 // The 32-bit shared-memory address of a generic pointer into shared memory

@@ -7,8 +7,9 @@
 // gemm_cuda is dispatch(); the tuning driver (benchmarks/gemm_tune.cu) times
 // it beside every variant.
 //
-// The tile shapes below are the tuning constants; each carries the
-// measurement that chose it (benchmarks/gemm_notes.md has the tables).
+// The tile shapes and split-K constants below are the tuning constants; each
+// carries the measurement that chose it (benchmarks/gemm_notes.md has the
+// tables), or, for split-K, the arithmetic behind it until it is measured.
 
 #include <cuda_runtime.h>
 
@@ -39,11 +40,42 @@ using SimtLargeScalar = SimtTile<256, 128, 8, 64, 64, 16, 8>;
 // 64 x 64, for grids that large tiles would leave short of one CTA per SM
 // (1024^3: 86.8 %, against 33 % for 128 x 256 tiles: 32 CTAs).
 using SimtSmall = SimtTile<64, 64, 16, 32, 32, 4, 8>;
-// A few rows: narrow tiles and many CTAs streaming B (16 x 8192 x 8192:
-// 16 x 64 x 32 65.8 %, 32 x 32 x 32 62.2 %; K-slices of 64 lost: 45.6 %).
+// A few rows: narrow tiles and many CTAs streaming B (16 x 8192 x 8192,
+// unsplit: 16 x 64 x 32 65.8 %, 32 x 32 x 32 62.2 %; K-slices of 64 lost:
+// 45.6 %). Split-K (below) gives them several CTAs per SM.
 using SimtSkinny16 = SimtTile<16, 64, 32, 16, 32, 4, 4>;
 using SimtSkinny32 = SimtTile<32, 32, 32, 32, 16, 4, 4>;
 using SimtF64 = SimtTile<64, 64, 8, 32, 32, 4, 8>;
+
+// ---- split-K for the SIMT tiles (gemm_simt.cuh), all three constants TO BE
+// MEASURED (benchmarks/gemm_tune.cu times splits 1-16 on the skinny shapes;
+// gemm_notes.md, "Split-K"). Until then, the arithmetic:
+//
+// Split only when the tile grid gives fewer than 2 CTAs per SM. 16 x 8192 x
+// 8192 unsplit makes 128 CTAs of 16 x 64 on 132 SMs: 221 us for 269 MB, 1.2
+// TB/s, a quarter of the 4.3 TB/s the H200 copies at. Little's law at ~1 us
+// of loaded DRAM latency asks for ~4.3 MB in flight, ~33 KB per SM; such a CTA
+// has one K-slice of A and B in flight (16 x 32 + 32 x 64 floats, 10 KB)
+// while it computes on the previous one: one CTA per SM has ~10 KB, and 1.2
+// of 4.3 TB/s is what that predicts.
+constexpr int64_t kSplitBelowTilesPerSm = 2;
+// Aim at 8 resident CTAs per SM (capped by what the kernel's registers and
+// shared memory let an SM hold, so that the split grid is one wave): 8 x 10
+// KB = 80 KB in flight per SM, 2.4x the 33 KB above, and the occupancy limit
+// of the 16 x 64 x 32 kernel itself (127 registers x 64 threads; 8 x 21.5 KB
+// of shared memory fit in 228). 16 x 8192 x 8192: 128 tiles x 8 splits =
+// 1024 CTAs, 7.8 per SM.
+constexpr int kSplitCtasPerSm = 8;
+// At least 1024 of K per split (so K >= 2048 to split at all): a CTA then
+// runs >= 32 K-slices of 32 (64 of 16), so its one unoverlapped first load
+// (~1 us) is a small part of its life, and its partial tile, written once and
+// read once by the reduction, is <= 3 % of the A and B bytes it reads (64 x
+// 64 tiles: 64 * 64 / ((64 + 64) * 1024); 16 x 64: 0.8 %). It also keeps
+// 1024^3 (256 tiles of 64 x 64, 86.8 % of cuBLAS unsplit) as measured.
+constexpr int64_t kSplitMinK = 1024;
+// With 132 SMs the three give: 16 x 8192 x 8192, 8 splits of 1024 (16 x 64
+// tiles); 32 x 8192 x 8192, 4 of 2048 (256 tiles of 32 x 32); 64 x 4096 x
+// 4096, 4 of 1024 (64 tiles of 64 x 64, 4 resident a SM; kSplitMinK binds).
 
 // ---- float16 / bfloat16 through mma.sync (gemm_mma.cuh): the sm_80 path and
 // the fallback. On the H200 it reaches 30-45 % of cuBLAS (which uses wgmma
@@ -89,23 +121,25 @@ enum class Kernel : uint8_t {
   MmaSmall,
 };
 
-// Each kind's tile and, for the SIMT ones, which float32 load widths are
-// compiled for it (each large tile has one): one table that plan() and run()
-// both read, so that no kernel is built that no plan can pick.
+// Each kind's tile and, for the SIMT ones, which float32 load widths and
+// whether the split-K kernel are compiled for it (the large tiles fill the
+// SMs by themselves, and each has one load width): one table that plan() and
+// run() both read, so that no kernel is built that no plan can pick.
 template <Kernel k>
 struct KernelTile;
 enum Loads : int { kScalarLoads = 1, kVecLoads = 2, kBothLoads = 3 };
-template <class TileT, int kLoadsT = kBothLoads>
+template <class TileT, bool kMaySplitT = false, int kLoadsT = kBothLoads>
 struct TileIs {
   using Tile = TileT;
+  static constexpr bool kMaySplit = kMaySplitT;
   static constexpr int kLoads = kLoadsT;
 };
-template <> struct KernelTile<Kernel::SimtLarge> : TileIs<SimtLarge, kVecLoads> {};
-template <> struct KernelTile<Kernel::SimtLargeScalar> : TileIs<SimtLargeScalar, kScalarLoads> {};
-template <> struct KernelTile<Kernel::SimtSmall> : TileIs<SimtSmall> {};
-template <> struct KernelTile<Kernel::SimtSkinny16> : TileIs<SimtSkinny16> {};
-template <> struct KernelTile<Kernel::SimtSkinny32> : TileIs<SimtSkinny32> {};
-template <> struct KernelTile<Kernel::SimtF64> : TileIs<SimtF64, kScalarLoads> {};
+template <> struct KernelTile<Kernel::SimtLarge> : TileIs<SimtLarge, false, kVecLoads> {};
+template <> struct KernelTile<Kernel::SimtLargeScalar> : TileIs<SimtLargeScalar, false, kScalarLoads> {};
+template <> struct KernelTile<Kernel::SimtSmall> : TileIs<SimtSmall, true> {};
+template <> struct KernelTile<Kernel::SimtSkinny16> : TileIs<SimtSkinny16, true> {};
+template <> struct KernelTile<Kernel::SimtSkinny32> : TileIs<SimtSkinny32, true> {};
+template <> struct KernelTile<Kernel::SimtF64> : TileIs<SimtF64, true, kScalarLoads> {};
 template <> struct KernelTile<Kernel::WgmmaLarge> : TileIs<WgmmaLarge> {};
 template <> struct KernelTile<Kernel::WgmmaMedium> : TileIs<WgmmaMedium> {};
 template <> struct KernelTile<Kernel::WgmmaSmallM> : TileIs<WgmmaSmallM> {};
@@ -139,13 +173,31 @@ inline const char* kernel_name(Kernel k) {
 struct Plan {
   Kernel kernel = Kernel::SimtSmall;
   bool vec = false;      // SIMT: 16-byte loads (simt_vec_ok); mma.sync: cp.async (mma_async_ok)
+  int splits = 1;        // SIMT: K ranges, as split_k runs them (1: unsplit)
   size_t workspace = 0;  // bytes of Workspace the call needs
 };
 
-// A SIMT tile: no workspace.
-template <Kernel kKernel, bool kVec>
-inline Plan plan_simt() {
-  return {kKernel, kVec};
+// A SIMT tile, split along K when its grid leaves the SMs short (the
+// constants above): as many splits as fill the SMs once with kSplitCtasPerSm
+// CTAs each (fewer where the kernel cannot have that many resident), each at
+// least kSplitMinK long.
+template <typename T, typename Acc, Kernel kKernel, bool kVec>
+inline Plan plan_simt(const Problem& p, const DeviceInfo& info) {
+  using Kind = KernelTile<kKernel>;
+  using Tile = typename Kind::Tile;
+  Plan plan{kKernel, kVec, 1, 0};
+  if constexpr (Kind::kMaySplit) {
+    const int64_t tiles = tiles_of<Tile>(p);
+    if (tiles < kSplitBelowTilesPerSm * info.sms && p.K >= 2 * kSplitMinK) {
+      constexpr auto kernel = simt_gemm_kernel<T, Acc, Tile, kVec, true>;
+      const int resident = resident_ctas<kernel>(Tile::kThreads, Tile::template smem_bytes<Acc>());
+      const int64_t per_sm = std::min(kSplitCtasPerSm, resident);
+      const int64_t wanted = std::min(per_sm * info.sms / tiles, p.K / kSplitMinK);
+      if (wanted >= 2) plan.splits = split_k<Tile>(p.K, static_cast<int>(std::min<int64_t>(wanted, 65535))).splits;
+    }
+    plan.workspace = simt_workspace_bytes<Acc, Tile>(p, plan.splits);
+  }
+  return plan;
 }
 
 template <bool kVec>
@@ -154,11 +206,11 @@ inline Plan plan_f32(const Problem& p, const DeviceInfo& info) {
   // Large tiles while they fill at least 90 % of the SMs (2048^3: 128 tiles
   // on 132 SMs, 92.0 %); then narrow ones.
   if (tiles_of<typename KernelTile<large>::Tile>(p) * 10 >= int64_t{info.sms} * 9) {
-    return plan_simt<large, kVec>();
+    return plan_simt<float, float, large, kVec>(p, info);
   }
-  if (p.M <= 16) return plan_simt<Kernel::SimtSkinny16, kVec>();
-  if (p.M <= 32) return plan_simt<Kernel::SimtSkinny32, kVec>();
-  return plan_simt<Kernel::SimtSmall, kVec>();
+  if (p.M <= 16) return plan_simt<float, float, Kernel::SimtSkinny16, kVec>(p, info);
+  if (p.M <= 32) return plan_simt<float, float, Kernel::SimtSkinny32, kVec>(p, info);
+  return plan_simt<float, float, Kernel::SimtSmall, kVec>(p, info);
 }
 
 template <typename T>
@@ -171,13 +223,13 @@ inline Plan plan_half(const Problem& p, const DeviceInfo& info) {
     // (It is about the size of A and B: where it cannot be had, the caller's
     // allocation fails with an out-of-memory error of its own.)
     return {large ? Kernel::WgmmaPackedLarge : medium ? Kernel::WgmmaPackedMedium : Kernel::WgmmaPackedSmallM,
-            false, packed_workspace_bytes(p)};
+            false, 1, packed_workspace_bytes(p)};
   }
   if (info.major >= 8) {
     return {tiles_of<MmaLarge>(p) >= info.sms ? Kernel::MmaLarge : Kernel::MmaSmall, mma_async_ok(p)};
   }
   // Before sm_80 there is no bf16 mma.sync: CUDA cores, float32 accumulation.
-  return plan_simt<Kernel::SimtSmall, false>();
+  return plan_simt<T, float, Kernel::SimtSmall, false>(p, info);
 }
 
 // The plan for one call; M, N, K >= 1.
@@ -186,7 +238,7 @@ inline Plan plan(DType dtype, const Problem& p, const DeviceInfo& info) {
     case DType::Float32:
       return simt_vec_ok(p) ? plan_f32<true>(p, info) : plan_f32<false>(p, info);
     case DType::Float64:
-      return plan_simt<Kernel::SimtF64, false>();
+      return plan_simt<double, double, Kernel::SimtF64, false>(p, info);
     case DType::Float16:
       return plan_half<__half>(p, info);
     case DType::BFloat16:
@@ -202,12 +254,11 @@ inline const char* run_simt(const Plan& plan, const Problem& p, const DeviceInfo
                             cudaStream_t s) {
   using Kind = KernelTile<kKernel>;
   using Tile = typename Kind::Tile;
-  (void)ws;
   if constexpr (std::is_same_v<T, float> && (Kind::kLoads & kVecLoads)) {
-    if (plan.vec) return launch_simt<T, Acc, Tile, true>(p, info.sms, s);
+    if (plan.vec) return launch_simt<T, Acc, Tile, true, Kind::kMaySplit>(p, info.sms, s, plan.splits, ws);
   }
   if constexpr (Kind::kLoads & kScalarLoads) {
-    if (!plan.vec) return launch_simt<T, Acc, Tile, false>(p, info.sms, s);
+    if (!plan.vec) return launch_simt<T, Acc, Tile, false, Kind::kMaySplit>(p, info.sms, s, plan.splits, ws);
   }
   return "opforge: gemm: the plan asks for a load width its SIMT tile is not compiled with";
 }

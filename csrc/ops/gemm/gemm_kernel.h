@@ -9,8 +9,9 @@
 namespace opforge {
 // Bytes of device workspace gemm_cuda needs for this call on the current
 // device (0: none). It depends on the sizes, on the alignment of a, b and c
-// (operands that TMA cannot read are padded into it) and on the device (what
-// it can run, its SM count). The same plan (gemm_dispatch.cuh, plan()) decides both this size and
+// (operands that TMA cannot read are padded into it) and on the device (its
+// SM count decides whether float32/float64 split K, whose partial sums live
+// in it). The same plan (gemm_dispatch.cuh, plan()) decides both this size and
 // what gemm_cuda runs. Returns 0 where gemm_cuda will fail anyway (no device,
 // a size < 1): gemm_cuda then says why.
 size_t gemm_cuda_workspace(DType dtype, int64_t M, int64_t N, int64_t K, const void* a, const void* b,
