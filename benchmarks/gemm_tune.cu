@@ -10,15 +10,22 @@
 // inputs upcast, ||C - ref|| / ||ref|| over the whole matrix, NaN or Inf
 // anywhere a failure, and (2) 512 sampled entries (the four corners among
 // them) against a float64 dot product on the device.
-// Timing: CUDA events around each call, L2 flushed (a 256 MB memset) before
-// each, median of up to 50 calls after 3 warm-ups; cuBLAS (cublasGemmEx, or
-// cublasSgemm/Dgemm with CUBLAS_DEFAULT_MATH: no TF32) timed the same way.
+// Variants that need a workspace (split-K, padded operands) get one of the
+// size they ask for, allocated once per problem, outside the timed calls;
+// each must also refuse one a byte short (an error, never a wrong result).
+// Timing: CUDA events around each call, L2 flushed before each (a kernel that
+// reads 256 MB: a memset would leave the L2 full of dirty lines, whose
+// write-back the timed call would pay for), median of up to 50 calls after 3
+// warm-ups; cuBLAS (cublasGemmEx, or cublasSgemm/Dgemm with
+// CUBLAS_DEFAULT_MATH: no TF32) timed the same way. The split-K variants
+// (_sk<splits>) are timed on the few-row shapes they are for.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,42 +139,85 @@ __global__ void sample_ref(const T* a, const T* b, const T* c, int64_t N, int64_
 // ---------------------------------------------------------------------------
 // Variants
 
+using Applies = std::function<bool(const Problem&)>;
+using WorkspaceBytes = std::function<size_t(const Problem&)>;
+
 struct Variant {
   std::string name;
   DType dtype;
-  std::function<bool(const Problem&)> applies;
-  std::function<const char*(const Problem&, cudaStream_t)> run;
+  Applies applies;
+  std::function<const char*(const Problem&, Workspace, cudaStream_t)> run;
+  WorkspaceBytes workspace;  // bytes `run` needs for a problem (empty: none)
+  int64_t time_max_m = INT64_MAX;  // timed only on shapes with M up to this
 };
 
 static DeviceInfo g_info;
 
 static bool any_problem(const Problem&) { return true; }
 
+// Split-K variants check the odd shapes but not the large ones: their
+// workspace is splits x M x N partial sums (16 splits of 4096^2: 1 GB), and
+// the shapes they are for have a few rows.
+constexpr int64_t kSplitCheckMaxMN = int64_t{1} << 22;
+constexpr int64_t kSplitTimeMaxM = 64;
+
+template <typename T>
+using SimtAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
 template <typename T, class Tile, bool kVec>
 void add_simt(std::vector<Variant>& v, const std::string& name, DType dt) {
-  std::function<bool(const Problem&)> ok = kVec ? std::function<bool(const Problem&)>(simt_vec_ok) : any_problem;
-  v.push_back({name, dt, ok, [](const Problem& p, cudaStream_t s) {
-                 return launch_simt<T, std::conditional_t<std::is_same_v<T, double>, double, float>, Tile, kVec>(
-                     p, g_info.sms, s);
+  v.push_back({name, dt, kVec ? Applies(simt_vec_ok) : Applies(any_problem),
+               [](const Problem& p, Workspace, cudaStream_t s) {
+                 return launch_simt<T, SimtAcc<T>, Tile, kVec>(p, g_info.sms, s);
                }});
+}
+
+// The split-K launcher asked for `splits` K ranges (split_k may run fewer).
+template <typename T, class Tile, bool kVec>
+void add_simt_split(std::vector<Variant>& v, const std::string& name, DType dt, int splits) {
+  v.push_back({name, dt, [](const Problem& p) { return (!kVec || simt_vec_ok(p)) && p.M * p.N <= kSplitCheckMaxMN; },
+               [splits](const Problem& p, Workspace ws, cudaStream_t s) {
+                 return launch_simt<T, SimtAcc<T>, Tile, kVec, true>(p, g_info.sms, s, splits, ws);
+               },
+               [splits](const Problem& p) { return simt_workspace_bytes<SimtAcc<T>, Tile>(p, splits); },
+               kSplitTimeMaxM});
+}
+
+// One SIMT tile split 2, 4, 8 and 16 ways (16-byte loads), named
+// <name>_sk<splits>; and unsplit, named <name>, where asked.
+template <class Tile>
+void add_simt_splits(std::vector<Variant>& v, const std::string& name, bool with_unsplit = false) {
+  if (with_unsplit) {
+    add_simt<float, Tile, true>(v, name, DType::Float32);
+    v.back().time_max_m = kSplitTimeMaxM;
+  }
+  for (int splits : {2, 4, 8, 16}) {
+    add_simt_split<float, Tile, true>(v, name + "_sk" + std::to_string(splits), DType::Float32, splits);
+  }
 }
 
 template <typename T, class Tile, bool kAsync>
 void add_mma(std::vector<Variant>& v, const std::string& name, DType dt) {
-  std::function<bool(const Problem&)> ok = kAsync ? std::function<bool(const Problem&)>(mma_async_ok) : any_problem;
-  v.push_back({name, dt, ok, [](const Problem& p, cudaStream_t s) { return launch_mma<T, Tile, kAsync>(p, s); }});
+  const Applies ok = kAsync ? Applies(mma_async_ok) : Applies(any_problem);
+  v.push_back({name, dt, ok,
+               [](const Problem& p, Workspace, cudaStream_t s) { return launch_mma<T, Tile, kAsync>(p, s); }});
 }
 
 template <typename T, class Tile>
 void add_wgmma(std::vector<Variant>& v, const std::string& name, DType dt, int max_ctas = 0) {
   v.push_back({name, dt, [](const Problem& p) { return wgmma_ok(p) && wgmma_available(g_info); },
-               [max_ctas](const Problem& p, cudaStream_t s) { return launch_wgmma<T, Tile>(p, g_info, s, max_ctas); }});
+               [max_ctas](const Problem& p, Workspace, cudaStream_t s) {
+                 return launch_wgmma<T, Tile>(p, g_info, s, max_ctas);
+               }});
 }
 
 template <typename T, class Tile>
 void add_wgmma_packed(std::vector<Variant>& v, const std::string& name, DType dt) {
   v.push_back({name, dt, [](const Problem& p) { return wgmma_dims_ok(p) && wgmma_available(g_info); },
-               [](const Problem& p, cudaStream_t s) { return launch_wgmma_packed<T, Tile>(p, g_info, s); }});
+               [](const Problem& p, Workspace ws, cudaStream_t s) {
+                 return launch_wgmma_packed<T, Tile>(p, g_info, s, ws);
+               },
+               packed_workspace_bytes});
 }
 
 template <typename T>
@@ -182,7 +232,7 @@ void add_half_variants(std::vector<Variant>& v, DType dt) {
   add_wgmma<T, WgmmaTile<64, 64, 8, 1>>(v, "wgmma64x64s8", dt);
   add_wgmma<T, WgmmaTile<128, 256, 4, 2, false>>(v, "wgmma128x256s4d", dt);
   add_wgmma<T, WgmmaTile<64, 128, 8, 1, false>>(v, "wgmma64x128s8d", dt);
-  // Any shape on sm_90a: misaligned operands padded into scratch first.
+  // Any shape on sm_90a: misaligned operands padded into the workspace first.
   add_wgmma_packed<T, WgmmaTile<128, 256, 4, 2, false>>(v, "packed128x256s4", dt);
   add_wgmma_packed<T, WgmmaTile<128, 128, 6, 2, false>>(v, "packed128x128s6", dt);
   add_wgmma_packed<T, WgmmaTile<64, 128, 8, 1, false>>(v, "packed64x128s8", dt);
@@ -210,11 +260,26 @@ static std::vector<Variant> make_variants() {
   add_simt<float, SimtTile<64, 64, 16, 32, 32, 4, 8>, true>(v, "simt64x64x16", DType::Float32);
   add_simt<float, SimtTile<128, 128, 8, 64, 32, 8, 8>, false>(v, "simt128x128x8_scalar", DType::Float32);
   add_simt<float, SimtTile<64, 64, 16, 32, 32, 4, 8>, false>(v, "simt64x64x16_scalar", DType::Float32);
+  // Split-K on the few-row tiles: the dispatcher's 16 x 64 x 32, 32 x 32 x
+  // 32 and 64 x 64 x 16 (unsplit above), and 16 x 128 x 32 with 4 warps (the
+  // same 4 x 4 outputs a thread, twice the B columns per CTA).
+  add_simt_splits<SimtSkinny16>(v, "simt16x64x32");
+  add_simt_splits<SimtTile<16, 128, 32, 16, 32, 4, 4>>(v, "simt16x128x32", true);
+  add_simt_splits<SimtSkinny32>(v, "simt32x32x32");
+  add_simt_splits<SimtSmall>(v, "simt64x64x16");
+  // Element loads and float64 through the split path (K, N odd; checked, and
+  // timed only where they are the only choice).
+  add_simt_split<float, SimtSkinny16, false>(v, "simt16x64x32_sk4_scalar", DType::Float32, 4);
+  add_simt_split<float, SimtSmall, false>(v, "simt64x64x16_sk4_scalar", DType::Float32, 4);
+  add_simt_split<double, SimtF64, false>(v, "simt64x64x8_sk4", DType::Float64, 4);
   add_half_variants<__nv_bfloat16>(v, DType::BFloat16);
   add_half_variants<__half>(v, DType::Float16);
   add_simt<__half, SimtTile<64, 64, 16, 32, 32, 4, 8>, false>(v, "simt64x64x16_scalar", DType::Float16);
+  // gemm_cuda's own plan: the same two calls (gemm_cuda_workspace, gemm_cuda).
   for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
-    v.push_back({"auto", dt, any_problem, [dt](const Problem& p, cudaStream_t s) { return dispatch(dt, p, s); }});
+    v.push_back({"auto", dt, any_problem,
+                 [dt](const Problem& p, Workspace ws, cudaStream_t s) { return dispatch(dt, p, ws, s); },
+                 [dt](const Problem& p) { return workspace_bytes(dt, p); }});
   }
   return v;
 }
@@ -273,6 +338,30 @@ static void free_case(Case& cs) {
   for (void* p : {cs.a, cs.b, cs.c, cs.a_up, cs.b_up, cs.ref})
     if (p) CHECK(cudaFree(p));
 }
+
+// The workspace a variant asks for, as gemm.cpp gives it: cudaMalloc'd once
+// per problem (a block at least as large is kept for the next variant), so
+// that no allocation falls inside a timed call. Freed by release().
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Workspace get(size_t need) {
+    if (need == 0) return {};
+    if (need > bytes) {
+      release();
+      CHECK(cudaMalloc(&ptr, need));
+      bytes = need;
+    }
+    return {ptr, need};
+  }
+  void release() {
+    if (ptr != nullptr) CHECK(cudaFree(ptr));
+    ptr = nullptr, bytes = 0;
+  }
+};
+static Scratch g_scratch;
+
+static size_t workspace_of(const Variant& v, const Problem& p) { return v.workspace ? v.workspace(p) : 0; }
 
 // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets (B, A) and (N, M).
 static void blas_ref(Case& cs) {
@@ -409,10 +498,29 @@ static double tolerance(DType d) {
 // Timing
 
 static void* g_flush = nullptr;
+static unsigned* g_sink = nullptr;
 static const size_t kFlushBytes = size_t{256} << 20;
 
+// Reads n 16-byte words and writes nothing (unless the checksum matches a
+// salt it does not match in practice: the loads cannot be dropped), so the
+// L2 is left full of clean lines that the next call evicts for free.
+__global__ void flush_read(const uint4* __restrict__ p, size_t n, unsigned salt, unsigned* sink) {
+  unsigned x = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+    x ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) x ^= p[i].x;
+  if (x == (salt | 0x80000000u)) *sink = x;
+}
+
 static float timed_ms(const std::function<void()>& call, cudaEvent_t e0, cudaEvent_t e1, int salt) {
-  CHECK(cudaMemsetAsync(g_flush, salt & 0xff, kFlushBytes));  // L2 flushed; hides the host's launch work
+  // L2 flushed; the flush also hides the host's launch work.
+  flush_read<<<g_info.sms * 4, 512>>>(static_cast<const uint4*>(g_flush), kFlushBytes / 16, static_cast<unsigned>(salt),
+                                      g_sink);
+  CHECK(cudaGetLastError());
   CHECK(cudaEventRecord(e0));
   call();
   CHECK(cudaEventRecord(e1));
@@ -486,6 +594,9 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, prop.l2CacheSize >> 20, prop.major, prop.minor, drv, rt, blas_ver, date);
   std::printf("wgmma path available: %s\n", wgmma_available(g_info) ? "yes" : "no");
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
+  // Every byte 1: no checksum has the top bit that the sink's condition asks for.
+  CHECK(cudaMemset(g_flush, 1, kFlushBytes));
+  CHECK(cudaMalloc(&g_sink, sizeof(unsigned)));
 
   auto variants = make_variants();
   int failures = 0;
@@ -498,7 +609,10 @@ int main(int argc, char** argv) {
       {1, 1, 1},        {7, 7, 7},       {1, 8, 8},        {7, 16, 24},      {59, 97, 1025},    {97, 59, 33},
       {1, 1025, 97},    {1025, 1, 59},   {64, 64, 64},     {129, 257, 65},   {59, 1032, 1048},  {200, 72, 8},
       {1025, 1025, 1025}, {1024, 1024, 1024}, {255, 520, 1000}, {16, 8192, 8192}, {4095, 4097, 4093}, {8192, 8192, 512},
-      {4096, 4096, 4096}, {300, 4104, 136}, {4097, 264, 4096}};
+      {4096, 4096, 4096}, {300, 4104, 136}, {4097, 264, 4096},
+      // Split-K's shapes: few rows, long K, M / N / K tails, odd K (element
+      // loads), K not a multiple of the split chunk.
+      {3, 1000, 4096}, {31, 4097, 8191}, {32, 8192, 8192}, {64, 4096, 4096}, {1, 520, 2049}};
   if (quick) check_shapes.resize(14);
   std::printf("\n== correctness (rel = ||C - ref|| / ||ref||; full: vs cuBLAS float32 on every element, f64: 512 "
               "sampled entries vs float64)\n");
@@ -512,8 +626,20 @@ int main(int argc, char** argv) {
       for (auto& v : variants) {
         if (v.dtype != dt || !v.applies(cs.p())) continue;
         if (!only.empty() && v.name.find(only) == std::string::npos && v.name != "auto") continue;
+        const size_t need = workspace_of(v, cs.p());
+        if (need > 0) {
+          // One byte short, and none at all: an error before anything runs.
+          const Workspace full = g_scratch.get(need);
+          const char* e1 = v.run(cs.p(), Workspace{full.ptr, need - 1}, nullptr);
+          const char* e2 = v.run(cs.p(), Workspace{}, nullptr);
+          if (e1 == nullptr || e2 == nullptr) {
+            std::printf("FAIL %-9s %5lldx%5lldx%5lld %-22s ran with a short workspace (%zu of %zu bytes)\n", dname(dt),
+                        (long long)sh.M, (long long)sh.N, (long long)sh.K, v.name.c_str(), need - 1, need);
+            ++failures;
+          }
+        }
         CHECK(cudaMemset(cs.c, 0xff, cs.M * cs.N * dsize(dt)));  // NaN in every dtype
-        const char* err = v.run(cs.p(), nullptr);
+        const char* err = v.run(cs.p(), g_scratch.get(need), nullptr);
         const std::string what = v.name + " " + dname(dt) + " " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" + std::to_string(sh.K);
         cudaError_t sync = sync_or_die(what.c_str());
         if (err != nullptr || sync != cudaSuccess) {
@@ -531,6 +657,7 @@ int main(int argc, char** argv) {
                     r.bad);
       }
       free_case(cs);
+      g_scratch.release();
     }
   }
   std::printf("correctness: %d failure(s)\n", failures);
@@ -551,9 +678,11 @@ int main(int argc, char** argv) {
 
   // ---- timing
   std::vector<Shape> time_shapes = {{4096, 4096, 4096}, {8192, 8192, 8192}, {4095, 4097, 4093}, {8192, 8192, 512},
-                                    {16, 8192, 8192},   {2048, 2048, 2048}, {1024, 1024, 1024}};
+                                    {16, 8192, 8192},   {2048, 2048, 2048}, {1024, 1024, 1024}, {32, 8192, 8192},
+                                    {64, 4096, 4096}};
   if (quick) time_shapes.resize(2);
   std::vector<Row> rows;
+  std::vector<std::string> plans;
   for (DType dt : {DType::BFloat16, DType::Float16, DType::Float32}) {
     for (const Shape& sh : time_shapes) {
       Case cs{dt, sh.M, sh.N, sh.K};
@@ -574,10 +703,12 @@ int main(int argc, char** argv) {
         if (v.name.find("_scalar") != std::string::npos && simt_vec_ok(cs.p())) continue;
         if (v.name.find("_unal") != std::string::npos && mma_async_ok(cs.p())) continue;
         if (v.name.find("packed") != std::string::npos && wgmma_ok(cs.p())) continue;
+        if (sh.M > v.time_max_m) continue;
         const Problem p = cs.p();
+        const Workspace ws = g_scratch.get(workspace_of(v, p));
         const auto [us, bus] = median_us(
             [&] {
-              if (const char* err = v.run(p, nullptr)) {
+              if (const char* err = v.run(p, ws, nullptr)) {
                 std::printf("launch failed: %s\n", err);
                 std::exit(1);
               }
@@ -590,7 +721,13 @@ int main(int argc, char** argv) {
       const double blas_us = blas_all.empty() ? 0 : blas_all[blas_all.size() / 2];
       rows[blas_row].us = blas_us;
       rows[blas_row].tflops = blas_us > 0 ? flops / blas_us / 1e6 : 0;
+      const Plan pl = plan(dt, cs.p(), g_info);
+      char line[160];
+      std::snprintf(line, sizeof line, "%-16s %-9s %-16s vec %d  splits %2d  workspace %8.2f MB", shape, dname(dt),
+                    kernel_name(pl.kernel), pl.vec ? 1 : 0, pl.splits, pl.workspace / 1048576.0);
+      plans.push_back(line);
       free_case(cs);
+      g_scratch.release();
       CHECK(cudaGetLastError());
     }
   }
@@ -601,6 +738,9 @@ int main(int argc, char** argv) {
     std::printf("%-16s %-9s %-22s %10.1f %9.1f %7.1f%%\n", r.shape.c_str(), r.dtype.c_str(), r.variant.c_str(), r.us,
                 r.tflops, r.pct);
   }
+  std::printf("\n== auto's plan per timed shape (vec: 16-byte loads for SIMT, cp.async for mma.sync; splits: "
+              "split-K's K ranges)\n");
+  for (const std::string& line : plans) std::printf("%s\n", line.c_str());
   std::printf("correctness: %d failure(s)\n", failures);
   return failures ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 #pragma once
-// Pieces every GEMM kernel family shares: problem description, tile order,
-// cached per-device facts and the once-per-device shared-memory opt-in.
+// Pieces every GEMM kernel family shares: problem description, workspace, tile
+// order, cached per-device facts, the once-per-device shared-memory opt-in and
+// the occupancy a plan reads.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,6 +21,28 @@ struct Problem {
   void* c;
   int64_t M, N, K;
 };
+
+inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Device memory the caller gives a launcher for its intermediate results
+// (split-K partial sums, padded copies of operands TMA cannot read). The
+// launcher never allocates: gemm.cpp takes it from ATen's caching allocator,
+// on the stream the GEMM runs on, so that it is reused like any tensor.
+struct Workspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// Whether `ws` holds `need` bytes at a 16-byte boundary (float4 and TMA
+// addresses): nullptr, or the error a launcher returns before launching.
+inline const char* check_workspace(const Workspace& ws, size_t need) {
+  if (need == 0) return nullptr;
+  if (ws.ptr == nullptr || ws.bytes < need) {
+    return "opforge: gemm: the workspace is smaller than the plan needs (gemm_cuda_workspace gives its size)";
+  }
+  if (!aligned(ws.ptr, 16)) return "opforge: gemm: the workspace must be 16-byte aligned";
+  return nullptr;
+}
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -94,6 +117,31 @@ inline const char* allow_smem(int bytes) {
   return nullptr;
 }
 
+// How many CTAs of `kernel` (threads, dynamic shared memory bytes) one SM
+// holds at once, read once per device; 1 if the runtime cannot say (a plan
+// then asks for fewer CTAs, never for a second wave). `static`: the answer is
+// this library's build of the kernel (its registers), so its cache must be
+// too, as wgmma_available's: an inline function's static local is one
+// process-wide symbol shared by every library built from these sources.
+template <auto kernel>
+static int resident_ctas(int threads, int smem) {
+  static std::atomic<int> cache[kMaxDevices];  // 0: not yet read
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached) {
+    if (const int n = cache[dev].load(std::memory_order_acquire)) return n;
+  }
+  if (allow_smem<kernel>(smem) != nullptr) return 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess || n < 1) {
+    cudaGetLastError();  // not sticky: clear it
+    return 1;
+  }
+  if (cached) cache[dev].store(n, std::memory_order_release);
+  return n;
+}
+
 // The 32-bit shared-memory address of a generic pointer into shared memory
 // (what ldmatrix, cp.async, mbarriers and wgmma descriptors take).
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -114,7 +162,5 @@ struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
-
-inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace opforge::gemm

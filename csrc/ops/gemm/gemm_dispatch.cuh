@@ -1,13 +1,19 @@
 #pragma once
 // Which kernel runs a GEMM: by dtype, by what the device and the build can do,
-// by alignment, and by size class. gemm_kernel.cu's gemm_cuda is this; the
-// tuning driver (benchmarks/gemm_tune.cu) times it beside every variant.
+// by alignment, and by size class. The choice is a Plan, made by one function,
+// plan(), which both gemm_cuda_workspace (how many bytes of workspace the
+// call needs) and gemm_cuda (which runs it) call: the size that the caller
+// allocates and the kernel that runs can never disagree. gemm_kernel.cu's
+// gemm_cuda is dispatch(); the tuning driver (benchmarks/gemm_tune.cu) times
+// it beside every variant.
 //
-// The tile shapes below are the tuning constants; each carries the
-// measurement that chose it (benchmarks/gemm_notes.md has the tables).
+// The tile shapes and split-K constants below are the tuning constants; each
+// carries the measurement that chose it (benchmarks/gemm_notes.md has the
+// tables), or, for split-K, the arithmetic behind it until it is measured.
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -34,22 +40,42 @@ using SimtLargeScalar = SimtTile<256, 128, 8, 64, 64, 16, 8>;
 // 64 x 64, for grids that large tiles would leave short of one CTA per SM
 // (1024^3: 86.8 %, against 33 % for 128 x 256 tiles: 32 CTAs).
 using SimtSmall = SimtTile<64, 64, 16, 32, 32, 4, 8>;
-// A few rows: narrow tiles and many CTAs streaming B (16 x 8192 x 8192:
-// 16 x 64 x 32 65.8 %, 32 x 32 x 32 62.2 %; K-slices of 64 lost: 45.6 %).
+// A few rows: narrow tiles and many CTAs streaming B (16 x 8192 x 8192,
+// unsplit: 16 x 64 x 32 65.8 %, 32 x 32 x 32 62.2 %; K-slices of 64 lost:
+// 45.6 %). Split-K (below) gives them several CTAs per SM.
 using SimtSkinny16 = SimtTile<16, 64, 32, 16, 32, 4, 4>;
 using SimtSkinny32 = SimtTile<32, 32, 32, 32, 16, 4, 4>;
 using SimtF64 = SimtTile<64, 64, 8, 32, 32, 4, 8>;
 
-template <bool kVec>
-inline const char* dispatch_f32(const Problem& p, const DeviceInfo& info, cudaStream_t s) {
-  using Large = std::conditional_t<kVec, SimtLarge, SimtLargeScalar>;
-  // Large tiles while they fill at least 90 % of the SMs (2048^3: 128 tiles
-  // on 132 SMs, 92.0 %); then narrow ones.
-  if (tiles_of<Large>(p) * 10 >= int64_t{info.sms} * 9) return launch_simt<float, float, Large, kVec>(p, info.sms, s);
-  if (p.M <= 16) return launch_simt<float, float, SimtSkinny16, kVec>(p, info.sms, s);
-  if (p.M <= 32) return launch_simt<float, float, SimtSkinny32, kVec>(p, info.sms, s);
-  return launch_simt<float, float, SimtSmall, kVec>(p, info.sms, s);
-}
+// ---- split-K for the SIMT tiles (gemm_simt.cuh), all three constants TO BE
+// MEASURED (benchmarks/gemm_tune.cu times splits 1-16 on the skinny shapes;
+// gemm_notes.md, "Split-K"). Until then, the arithmetic:
+//
+// Split only when the tile grid gives fewer than 2 CTAs per SM. 16 x 8192 x
+// 8192 unsplit makes 128 CTAs of 16 x 64 on 132 SMs: 221 us for 269 MB, 1.2
+// TB/s, a quarter of the 4.3 TB/s the H200 copies at. Little's law at ~1 us
+// of loaded DRAM latency asks for ~4.3 MB in flight, ~33 KB per SM; such a CTA
+// has one K-slice of A and B in flight (16 x 32 + 32 x 64 floats, 10 KB)
+// while it computes on the previous one: one CTA per SM has ~10 KB, and 1.2
+// of 4.3 TB/s is what that predicts.
+constexpr int64_t kSplitBelowTilesPerSm = 2;
+// Aim at 8 resident CTAs per SM (capped by what the kernel's registers and
+// shared memory let an SM hold, so that the split grid is one wave): 8 x 10
+// KB = 80 KB in flight per SM, 2.4x the 33 KB above, and the occupancy limit
+// of the 16 x 64 x 32 kernel itself (127 registers x 64 threads; 8 x 21.5 KB
+// of shared memory fit in 228). 16 x 8192 x 8192: 128 tiles x 8 splits =
+// 1024 CTAs, 7.8 per SM.
+constexpr int kSplitCtasPerSm = 8;
+// At least 1024 of K per split (so K >= 2048 to split at all): a CTA then
+// runs >= 32 K-slices of 32 (64 of 16), so its one unoverlapped first load
+// (~1 us) is a small part of its life, and its partial tile, written once and
+// read once by the reduction, is <= 3 % of the A and B bytes it reads (64 x
+// 64 tiles: 64 * 64 / ((64 + 64) * 1024); 16 x 64: 0.8 %). It also keeps
+// 1024^3 (256 tiles of 64 x 64, 86.8 % of cuBLAS unsplit) as measured.
+constexpr int64_t kSplitMinK = 1024;
+// With 132 SMs the three give: 16 x 8192 x 8192, 8 splits of 1024 (16 x 64
+// tiles); 32 x 8192 x 8192, 4 of 2048 (256 tiles of 32 x 32); 64 x 4096 x
+// 4096, 4 of 1024 (64 tiles of 64 x 64, 4 resident a SM; kSplitMinK binds).
 
 // ---- float16 / bfloat16 through mma.sync (gemm_mma.cuh): the sm_80 path and
 // the fallback. On the H200 it reaches 30-45 % of cuBLAS (which uses wgmma
@@ -69,54 +95,233 @@ using WgmmaMedium = WgmmaTile<128, 128, 6, 2>;
 // 64 x 128, 8 stages, one consumer: grids of few tiles and small M
 // (1024^3 102.7 %, 16 x 8192 x 8192 90-101 %; 64 x 64: 83-95 %).
 using WgmmaSmallM = WgmmaTile<64, 128, 8, 1>;
-// Misaligned operands (padded copies) and C written directly: 4095 x 4097 x
-// 4093 at 200-230 % of cuBLAS (which runs a slow kernel there, 150 TFLOP/s).
+// Misaligned operands (padded copies in the workspace) and C written
+// directly: 4095 x 4097 x 4093 at 200-230 % of cuBLAS (which runs a slow
+// kernel there, 150 TFLOP/s).
 using WgmmaPackedLarge = WgmmaTile<128, 256, 4, 2, false>;
 using WgmmaPackedMedium = WgmmaTile<128, 128, 6, 2, false>;
 using WgmmaPackedSmallM = WgmmaTile<64, 128, 8, 1, false>;
 
+// ---- the plan
+
+enum class Kernel : uint8_t {
+  SimtLarge,
+  SimtLargeScalar,
+  SimtSmall,
+  SimtSkinny16,
+  SimtSkinny32,
+  SimtF64,
+  WgmmaLarge,
+  WgmmaMedium,
+  WgmmaSmallM,
+  WgmmaPackedLarge,
+  WgmmaPackedMedium,
+  WgmmaPackedSmallM,
+  MmaLarge,
+  MmaSmall,
+};
+
+// Each kind's tile and, for the SIMT ones, which float32 load widths and
+// whether the split-K kernel are compiled for it (the large tiles fill the
+// SMs by themselves, and each has one load width): one table that plan() and
+// run() both read, so that no kernel is built that no plan can pick.
+template <Kernel k>
+struct KernelTile;
+enum Loads : int { kScalarLoads = 1, kVecLoads = 2, kBothLoads = 3 };
+template <class TileT, bool kMaySplitT = false, int kLoadsT = kBothLoads>
+struct TileIs {
+  using Tile = TileT;
+  static constexpr bool kMaySplit = kMaySplitT;
+  static constexpr int kLoads = kLoadsT;
+};
+template <> struct KernelTile<Kernel::SimtLarge> : TileIs<SimtLarge, false, kVecLoads> {};
+template <> struct KernelTile<Kernel::SimtLargeScalar> : TileIs<SimtLargeScalar, false, kScalarLoads> {};
+template <> struct KernelTile<Kernel::SimtSmall> : TileIs<SimtSmall, true> {};
+template <> struct KernelTile<Kernel::SimtSkinny16> : TileIs<SimtSkinny16, true> {};
+template <> struct KernelTile<Kernel::SimtSkinny32> : TileIs<SimtSkinny32, true> {};
+template <> struct KernelTile<Kernel::SimtF64> : TileIs<SimtF64, true, kScalarLoads> {};
+template <> struct KernelTile<Kernel::WgmmaLarge> : TileIs<WgmmaLarge> {};
+template <> struct KernelTile<Kernel::WgmmaMedium> : TileIs<WgmmaMedium> {};
+template <> struct KernelTile<Kernel::WgmmaSmallM> : TileIs<WgmmaSmallM> {};
+template <> struct KernelTile<Kernel::WgmmaPackedLarge> : TileIs<WgmmaPackedLarge> {};
+template <> struct KernelTile<Kernel::WgmmaPackedMedium> : TileIs<WgmmaPackedMedium> {};
+template <> struct KernelTile<Kernel::WgmmaPackedSmallM> : TileIs<WgmmaPackedSmallM> {};
+template <> struct KernelTile<Kernel::MmaLarge> : TileIs<MmaLarge> {};
+template <> struct KernelTile<Kernel::MmaSmall> : TileIs<MmaSmall> {};
+
+inline const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::SimtLarge: return "simt128x256x16";
+    case Kernel::SimtLargeScalar: return "simt256x128x8";
+    case Kernel::SimtSmall: return "simt64x64x16";
+    case Kernel::SimtSkinny16: return "simt16x64x32";
+    case Kernel::SimtSkinny32: return "simt32x32x32";
+    case Kernel::SimtF64: return "simt64x64x8";
+    case Kernel::WgmmaLarge: return "wgmma128x256s3";
+    case Kernel::WgmmaMedium: return "wgmma128x128s6";
+    case Kernel::WgmmaSmallM: return "wgmma64x128s8";
+    case Kernel::WgmmaPackedLarge: return "packed128x256s4";
+    case Kernel::WgmmaPackedMedium: return "packed128x128s6";
+    case Kernel::WgmmaPackedSmallM: return "packed64x128s8";
+    case Kernel::MmaLarge: return "mma128x128s4";
+    case Kernel::MmaSmall: return "mma64x64s4";
+  }
+  return "?";
+}
+
+// What one GEMM call runs and the workspace it needs.
+struct Plan {
+  Kernel kernel = Kernel::SimtSmall;
+  bool vec = false;      // SIMT: 16-byte loads (simt_vec_ok); mma.sync: cp.async (mma_async_ok)
+  int splits = 1;        // SIMT: K ranges, as split_k runs them (1: unsplit)
+  size_t workspace = 0;  // bytes of Workspace the call needs
+};
+
+// A SIMT tile, split along K when its grid leaves the SMs short (the
+// constants above): as many splits as fill the SMs once with kSplitCtasPerSm
+// CTAs each (fewer where the kernel cannot have that many resident), each at
+// least kSplitMinK long.
+template <typename T, typename Acc, Kernel kKernel, bool kVec>
+inline Plan plan_simt(const Problem& p, const DeviceInfo& info) {
+  using Kind = KernelTile<kKernel>;
+  using Tile = typename Kind::Tile;
+  Plan plan{kKernel, kVec, 1, 0};
+  if constexpr (Kind::kMaySplit) {
+    const int64_t tiles = tiles_of<Tile>(p);
+    if (tiles < kSplitBelowTilesPerSm * info.sms && p.K >= 2 * kSplitMinK) {
+      constexpr auto kernel = simt_gemm_kernel<T, Acc, Tile, kVec, true>;
+      const int resident = resident_ctas<kernel>(Tile::kThreads, Tile::template smem_bytes<Acc>());
+      const int64_t per_sm = std::min(kSplitCtasPerSm, resident);
+      const int64_t wanted = std::min(per_sm * info.sms / tiles, p.K / kSplitMinK);
+      if (wanted >= 2) plan.splits = split_k<Tile>(p.K, static_cast<int>(std::min<int64_t>(wanted, 65535))).splits;
+    }
+    plan.workspace = simt_workspace_bytes<Acc, Tile>(p, plan.splits);
+  }
+  return plan;
+}
+
+template <bool kVec>
+inline Plan plan_f32(const Problem& p, const DeviceInfo& info) {
+  constexpr Kernel large = kVec ? Kernel::SimtLarge : Kernel::SimtLargeScalar;
+  // Large tiles while they fill at least 90 % of the SMs (2048^3: 128 tiles
+  // on 132 SMs, 92.0 %); then narrow ones.
+  if (tiles_of<typename KernelTile<large>::Tile>(p) * 10 >= int64_t{info.sms} * 9) {
+    return plan_simt<float, float, large, kVec>(p, info);
+  }
+  if (p.M <= 16) return plan_simt<float, float, Kernel::SimtSkinny16, kVec>(p, info);
+  if (p.M <= 32) return plan_simt<float, float, Kernel::SimtSkinny32, kVec>(p, info);
+  return plan_simt<float, float, Kernel::SimtSmall, kVec>(p, info);
+}
+
 template <typename T>
-inline const char* dispatch_half(const Problem& p, const DeviceInfo& info, cudaStream_t s) {
+inline Plan plan_half(const Problem& p, const DeviceInfo& info) {
   if (wgmma_dims_ok(p) && wgmma_available(info)) {
     // The largest tile that still gives every SM a tile.
     const bool large = tiles_of<WgmmaLarge>(p) >= info.sms, medium = tiles_of<WgmmaMedium>(p) >= info.sms;
-    if (wgmma_ok(p)) {
-      if (large) return launch_wgmma<T, WgmmaLarge>(p, info, s);
-      if (medium) return launch_wgmma<T, WgmmaMedium>(p, info, s);
-      return launch_wgmma<T, WgmmaSmallM>(p, info, s);
-    }
-    bool fell_back = false;
-    const char* err = large    ? launch_wgmma_packed<T, WgmmaPackedLarge>(p, info, s, 0, &fell_back)
-                      : medium ? launch_wgmma_packed<T, WgmmaPackedMedium>(p, info, s, 0, &fell_back)
-                               : launch_wgmma_packed<T, WgmmaPackedSmallM>(p, info, s, 0, &fell_back);
-    if (!fell_back) return err;
+    if (wgmma_ok(p)) return {large ? Kernel::WgmmaLarge : medium ? Kernel::WgmmaMedium : Kernel::WgmmaSmallM};
+    // Operands TMA cannot read as they are: padded copies in the workspace.
+    // (It is about the size of A and B: where it cannot be had, the caller's
+    // allocation fails with an out-of-memory error of its own.)
+    return {large ? Kernel::WgmmaPackedLarge : medium ? Kernel::WgmmaPackedMedium : Kernel::WgmmaPackedSmallM,
+            false, 1, packed_workspace_bytes(p)};
   }
   if (info.major >= 8) {
-    const bool large = tiles_of<MmaLarge>(p) >= info.sms;
-    if (mma_async_ok(p)) {
-      return large ? launch_mma<T, MmaLarge, true>(p, s) : launch_mma<T, MmaSmall, true>(p, s);
-    }
-    return large ? launch_mma<T, MmaLarge, false>(p, s) : launch_mma<T, MmaSmall, false>(p, s);
+    return {tiles_of<MmaLarge>(p) >= info.sms ? Kernel::MmaLarge : Kernel::MmaSmall, mma_async_ok(p)};
   }
   // Before sm_80 there is no bf16 mma.sync: CUDA cores, float32 accumulation.
-  return launch_simt<T, float, SimtSmall, false>(p, info.sms, s);
+  return plan_simt<T, float, Kernel::SimtSmall, false>(p, info);
 }
 
-inline const char* dispatch(DType dtype, const Problem& p, cudaStream_t s) {
+// The plan for one call; M, N, K >= 1.
+inline Plan plan(DType dtype, const Problem& p, const DeviceInfo& info) {
+  switch (dtype) {
+    case DType::Float32:
+      return simt_vec_ok(p) ? plan_f32<true>(p, info) : plan_f32<false>(p, info);
+    case DType::Float64:
+      return plan_simt<double, double, Kernel::SimtF64, false>(p, info);
+    case DType::Float16:
+      return plan_half<__half>(p, info);
+    case DType::BFloat16:
+      return plan_half<__nv_bfloat16>(p, info);
+  }
+  return {};
+}
+
+// ---- running a plan
+
+template <typename T, typename Acc, Kernel kKernel>
+inline const char* run_simt(const Plan& plan, const Problem& p, const DeviceInfo& info, Workspace ws,
+                            cudaStream_t s) {
+  using Kind = KernelTile<kKernel>;
+  using Tile = typename Kind::Tile;
+  if constexpr (std::is_same_v<T, float> && (Kind::kLoads & kVecLoads)) {
+    if (plan.vec) return launch_simt<T, Acc, Tile, true, Kind::kMaySplit>(p, info.sms, s, plan.splits, ws);
+  }
+  if constexpr (Kind::kLoads & kScalarLoads) {
+    if (!plan.vec) return launch_simt<T, Acc, Tile, false, Kind::kMaySplit>(p, info.sms, s, plan.splits, ws);
+  }
+  return "opforge: gemm: the plan asks for a load width its SIMT tile is not compiled with";
+}
+
+template <typename T>
+inline const char* run_half(const Plan& plan, const Problem& p, const DeviceInfo& info, Workspace ws,
+                            cudaStream_t s) {
+  switch (plan.kernel) {
+    case Kernel::WgmmaLarge: return launch_wgmma<T, WgmmaLarge>(p, info, s);
+    case Kernel::WgmmaMedium: return launch_wgmma<T, WgmmaMedium>(p, info, s);
+    case Kernel::WgmmaSmallM: return launch_wgmma<T, WgmmaSmallM>(p, info, s);
+    case Kernel::WgmmaPackedLarge: return launch_wgmma_packed<T, WgmmaPackedLarge>(p, info, s, ws);
+    case Kernel::WgmmaPackedMedium: return launch_wgmma_packed<T, WgmmaPackedMedium>(p, info, s, ws);
+    case Kernel::WgmmaPackedSmallM: return launch_wgmma_packed<T, WgmmaPackedSmallM>(p, info, s, ws);
+    case Kernel::MmaLarge:
+      return plan.vec ? launch_mma<T, MmaLarge, true>(p, s) : launch_mma<T, MmaLarge, false>(p, s);
+    case Kernel::MmaSmall:
+      return plan.vec ? launch_mma<T, MmaSmall, true>(p, s) : launch_mma<T, MmaSmall, false>(p, s);
+    case Kernel::SimtSmall: return run_simt<T, float, Kernel::SimtSmall>(plan, p, info, ws, s);
+    default: return "opforge: gemm: a plan for another dtype (float16/bfloat16 run wgmma, mma.sync or simt64x64x16)";
+  }
+}
+
+inline const char* run(DType dtype, const Plan& plan, const Problem& p, const DeviceInfo& info, Workspace ws,
+                       cudaStream_t s) {
+  switch (dtype) {
+    case DType::Float32:
+      switch (plan.kernel) {
+        case Kernel::SimtLarge: return run_simt<float, float, Kernel::SimtLarge>(plan, p, info, ws, s);
+        case Kernel::SimtLargeScalar: return run_simt<float, float, Kernel::SimtLargeScalar>(plan, p, info, ws, s);
+        case Kernel::SimtSmall: return run_simt<float, float, Kernel::SimtSmall>(plan, p, info, ws, s);
+        case Kernel::SimtSkinny16: return run_simt<float, float, Kernel::SimtSkinny16>(plan, p, info, ws, s);
+        case Kernel::SimtSkinny32: return run_simt<float, float, Kernel::SimtSkinny32>(plan, p, info, ws, s);
+        default: return "opforge: gemm: a plan for another dtype (float32 runs the SIMT tiles)";
+      }
+    case DType::Float64:
+      if (plan.kernel != Kernel::SimtF64) return "opforge: gemm: a plan for another dtype (float64 runs simt64x64x8)";
+      return run_simt<double, double, Kernel::SimtF64>(plan, p, info, ws, s);
+    case DType::Float16:
+      return run_half<__half>(plan, p, info, ws, s);
+    case DType::BFloat16:
+      return run_half<__nv_bfloat16>(plan, p, info, ws, s);
+  }
+  return "opforge: gemm: unsupported dtype in the CUDA launcher";
+}
+
+// ---- the launcher's two entry points (gemm_kernel.h)
+
+// Bytes of workspace dispatch() will need for this call on the current
+// device; 0 where it will fail anyway (bad sizes, no device): dispatch then
+// says why.
+inline size_t workspace_bytes(DType dtype, const Problem& p) {
+  if (p.M < 1 || p.N < 1 || p.K < 1) return 0;
+  DeviceInfo info;
+  if (device_info(info) != nullptr) return 0;
+  return plan(dtype, p, info).workspace;
+}
+
+inline const char* dispatch(DType dtype, const Problem& p, Workspace ws, cudaStream_t s) {
   if (p.M < 1 || p.N < 1 || p.K < 1) return "opforge: gemm: M, N and K must be >= 1";
   DeviceInfo info;
   if (const char* err = device_info(info)) return err;
-  switch (dtype) {
-    case DType::Float32:
-      return simt_vec_ok(p) ? dispatch_f32<true>(p, info, s) : dispatch_f32<false>(p, info, s);
-    case DType::Float64:
-      return launch_simt<double, double, SimtF64, false>(p, info.sms, s);
-    case DType::Float16:
-      return dispatch_half<__half>(p, info, s);
-    case DType::BFloat16:
-      return dispatch_half<__nv_bfloat16>(p, info, s);
-  }
-  return "opforge: gemm: unsupported dtype in the CUDA launcher";
+  return run(dtype, plan(dtype, p, info), p, info, ws, s);
 }
 
 }  // namespace opforge::gemm

@@ -20,12 +20,23 @@
 // (kVec: K and N multiples of 4 and 16-byte aligned pointers), else single
 // elements; out-of-range elements (M, N and K tails) load as zeros and are not
 // stored. Indices into A, B and C are 64-bit.
+//
+// Split-K (kSplit): a grid of (tiles, splits) CTAs. CTA y sums only K range
+// [y * chunk, min(K, (y + 1) * chunk)) (chunk a multiple of BK, so every
+// range starts on a K-slice and, in the 16-byte path, on a float4) and writes
+// its Acc partial tile, through the same epilogue, into slice y of a
+// [splits][M][N] workspace; splitk_reduce_kernel then adds the slices into C
+// in the order y = 0, 1, ...: the same bits on every run, no atomics. It
+// gives a grid of few tiles (a few rows of A against a long K) several CTAs
+// per SM, and so more loads in flight (gemm_dispatch.cuh, plan_simt).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "gemm_common.cuh"
 
@@ -47,10 +58,26 @@ struct SimtTile {
   }
 };
 
-template <typename T, typename Acc, class Tile, bool kVec>
-__global__ void __launch_bounds__(Tile::kThreads)
-    simt_gemm_kernel(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int64_t M,
-                     int64_t N, int64_t K) {
+// The split kernel is there to put several CTAs on each SM, so ptxas is told
+// to leave room for them: 128 registers a thread for float32 (256 for
+// float64, whose values take two), 65536 / (threads * 128) CTAs an SM, 8 for
+// the 64-thread skinny tiles: the occupancy that the split plan aims at
+// (gemm_dispatch.cuh, kSplitCtasPerSm). The unsplit skinny kernels use
+// 105-128 registers by themselves (ptxas -v, sm_90a); left free, ptxas gave
+// the split 64 x 64 x 16 kernel 96 registers and a spill. 0: no bound.
+template <class Tile, typename Acc>
+constexpr int split_min_ctas() {
+  return 65536 / (Tile::kThreads * 32 * static_cast<int>(sizeof(Acc)));
+}
+
+// C: the output, or (kSplit) the workspace of Acc partial tiles. K is A's row
+// stride and the length of the sum; chunk, the K range of one split (kSplit).
+template <typename T, typename Acc, class Tile, bool kVec, bool kSplit = false>
+__global__ void __launch_bounds__(Tile::kThreads, kSplit ? split_min_ctas<Tile, Acc>() : 0)
+    simt_gemm_kernel(const T* __restrict__ A, const T* __restrict__ B,
+                     std::conditional_t<kSplit, Acc, T>* __restrict__ C, int64_t M, int64_t N, int64_t K,
+                     int64_t chunk) {
+  using Out = std::conditional_t<kSplit, Acc, T>;
   constexpr int BM = Tile::BM, BN = Tile::BN, BK = Tile::BK, WM = Tile::WM, WN = Tile::WN;
   constexpr int TM = Tile::TM, TN = Tile::TN, kThreads = Tile::kThreads;
   constexpr int kLaneRows = WM / TM, kLaneCols = WN / TN;
@@ -72,8 +99,20 @@ __global__ void __launch_bounds__(Tile::kThreads)
   const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
   const int lr = lane / kLaneCols, lc = lane % kLaneCols;
 
+  // This CTA's part of the sum: all of K, or (kSplit) K range
+  // [y * chunk, min(K, (y + 1) * chunk)) as A and B moved to its start and a
+  // length. K stays A's row stride.
+  int64_t k_len = K;
+  if constexpr (kSplit) {
+    const int64_t k0 = blockIdx.y * chunk;
+    k_len = K - k0 < chunk ? K - k0 : chunk;
+    A += k0;
+    B += k0 * N;
+  } else {
+    (void)chunk;
+  }
   const int64_t tiles_m = ceil_div(M, BM), tiles_n = ceil_div(N, BN);
-  const int64_t KT = ceil_div(K, BK);
+  const int64_t KT = ceil_div(k_len, BK);
   for (int64_t t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
     int64_t tm, tn;
     tile_coords<8>(t, tiles_m, tiles_n, tm, tn);
@@ -87,11 +126,11 @@ __global__ void __launch_bounds__(Tile::kThreads)
         const int64_t gm = m0 + g / (BK / 4), gk = k0 + (g % (BK / 4)) * 4;
         if constexpr (kVec) {
           float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (gm < M && gk < K) v = *reinterpret_cast<const float4*>(A + gm * K + gk);
+          if (gm < M && gk < k_len) v = *reinterpret_cast<const float4*>(A + gm * K + gk);
           ra[p][0] = v.x, ra[p][1] = v.y, ra[p][2] = v.z, ra[p][3] = v.w;
         } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ra[p][e] = (gm < M && gk + e < K) ? cuda::to_opmath(A[gm * K + gk + e]) : Acc(0);
+          for (int e = 0; e < 4; ++e) ra[p][e] = (gm < M && gk + e < k_len) ? cuda::to_opmath(A[gm * K + gk + e]) : Acc(0);
         }
       }
 #pragma unroll
@@ -100,11 +139,11 @@ __global__ void __launch_bounds__(Tile::kThreads)
         const int64_t gk = k0 + g / (BN / 4), gn = n0 + (g % (BN / 4)) * 4;
         if constexpr (kVec) {
           float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (gk < K && gn < N) v = *reinterpret_cast<const float4*>(B + gk * N + gn);
+          if (gk < k_len && gn < N) v = *reinterpret_cast<const float4*>(B + gk * N + gn);
           rb[p][0] = v.x, rb[p][1] = v.y, rb[p][2] = v.z, rb[p][3] = v.w;
         } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) rb[p][e] = (gk < K && gn + e < N) ? cuda::to_opmath(B[gk * N + gn + e]) : Acc(0);
+          for (int e = 0; e < 4; ++e) rb[p][e] = (gk < k_len && gn + e < N) ? cuda::to_opmath(B[gk * N + gn + e]) : Acc(0);
         }
       }
     };
@@ -156,6 +195,10 @@ __global__ void __launch_bounds__(Tile::kThreads)
       __syncthreads();
     }
 
+    // Split y's partial tile goes to slice y of the workspace (computed here,
+    // not kept live through the main loop: that cost the 64 x 64 x 16 kernel
+    // a spill).
+    Out* const Cy = kSplit ? C + blockIdx.y * M * N : C;
 #pragma unroll
     for (int i = 0; i < MI; ++i) {
 #pragma unroll
@@ -167,11 +210,11 @@ __global__ void __launch_bounds__(Tile::kThreads)
           const int64_t col = n0 + wn0 + j * (WN / NI) + lc * 4;
           const Acc* v = acc[i * 4 + ii] + j * 4;
           if constexpr (kVec) {
-            if (col < N) *reinterpret_cast<float4*>(C + row * N + col) = make_float4(v[0], v[1], v[2], v[3]);
+            if (col < N) *reinterpret_cast<float4*>(Cy + row * N + col) = make_float4(v[0], v[1], v[2], v[3]);
           } else {
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj)
-              if (col + jj < N) C[row * N + col + jj] = cuda::from_opmath<T>(v[jj]);
+              if (col + jj < N) Cy[row * N + col + jj] = cuda::from_opmath<Out>(v[jj]);
           }
         }
       }
@@ -179,18 +222,104 @@ __global__ void __launch_bounds__(Tile::kThreads)
   }
 }
 
-template <typename T, typename Acc, class Tile, bool kVec>
-const char* launch_simt(const Problem& p, int sms, cudaStream_t stream) {
-  constexpr auto kernel = simt_gemm_kernel<T, Acc, Tile, kVec>;
+// C[i] = ws[0][i] + ws[1][i] + ... + ws[splits - 1][i], added in that order
+// (the same bits on every run) and rounded once to T; n = M * N, the slice
+// size. kVec: four outputs a thread (float32, n % 4 == 0, 16-byte aligned C
+// and workspace), else one.
+constexpr int kReduceThreads = 256;
+template <typename T, typename Acc, bool kVec>
+__global__ void __launch_bounds__(kReduceThreads)
+    splitk_reduce_kernel(const Acc* __restrict__ ws, T* __restrict__ C, int64_t n, int splits) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if constexpr (kVec) {
+    static_assert(sizeof(T) == 4 && sizeof(Acc) == 4, "16-byte path: float32");
+    const int64_t n4 = n / 4;
+    const float4* w = reinterpret_cast<const float4*>(ws);
+    for (int64_t i = first; i < n4; i += stride) {
+      float4 s = w[i];
+      for (int y = 1; y < splits; ++y) {
+        const float4 v = w[y * n4 + i];
+        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+      }
+      reinterpret_cast<float4*>(C)[i] = s;
+    }
+  } else {
+    for (int64_t i = first; i < n; i += stride) {
+      Acc s = ws[i];
+      for (int y = 1; y < splits; ++y) s += ws[y * n + i];
+      C[i] = cuda::from_opmath<T>(s);
+    }
+  }
+}
+
+// K cut into `splits` ranges of `chunk` elements (a multiple of BK; the last
+// range may be shorter): the split launch_simt runs when asked for
+// `requested`. Never an empty range: asking for more splits than K has
+// K-slices gives fewer. At most 65535 (gridDim.y).
+struct SplitK {
+  int splits;
+  int64_t chunk;
+};
+template <class Tile>
+inline SplitK split_k(int64_t K, int requested) {
+  if (requested <= 1 || K <= Tile::BK) return {1, K};
+  const int64_t want = requested < 65535 ? requested : 65535;
+  const int64_t chunk = ceil_div(ceil_div(K, want), Tile::BK) * Tile::BK;
+  return {static_cast<int>(ceil_div(K, chunk)), chunk};
+}
+
+// Workspace bytes launch_simt<.., Tile, ..> needs to run `requested` splits:
+// the [splits][M][N] Acc partial sums, 0 when it runs unsplit; SIZE_MAX when
+// that would not fit a size_t (no workspace can be that large).
+template <typename Acc, class Tile>
+inline size_t simt_workspace_bytes(const Problem& p, int requested) {
+  const SplitK sk = split_k<Tile>(p.K, requested);
+  if (sk.splits <= 1) return 0;
+  const double bytes =
+      static_cast<double>(sk.splits) * static_cast<double>(p.M) * static_cast<double>(p.N) * sizeof(Acc);
+  if (bytes >= 0x1p62) return SIZE_MAX;
+  return static_cast<size_t>(sk.splits) * static_cast<size_t>(p.M) * static_cast<size_t>(p.N) * sizeof(Acc);
+}
+
+// splits: the number of K ranges asked for (split_k says how many run); ws:
+// simt_workspace_bytes of it or more, else an error and nothing launched.
+// kMaySplit: whether the split kernel is compiled at all (the large tiles,
+// which fill the SMs by themselves, do without it).
+template <typename T, typename Acc, class Tile, bool kVec, bool kMaySplit = false>
+const char* launch_simt(const Problem& p, int sms, cudaStream_t stream, int splits = 1, Workspace ws = {}) {
   constexpr int smem = Tile::template smem_bytes<Acc>();
-  if (const char* err = allow_smem<kernel>(smem)) return err;
   const int64_t tiles = ceil_div(p.M, Tile::BM) * ceil_div(p.N, Tile::BN);
   // One CTA per tile; the kernel's tile loop only matters past gridDim.x's limit.
-  const int64_t grid = tiles < 0x7fffffff ? tiles : 0x7fffffff;
-  (void)sms;
-  kernel<<<static_cast<unsigned>(grid), Tile::kThreads, smem, stream>>>(
-      static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.M, p.N, p.K);
-  return cuda::last_error();
+  const unsigned grid = static_cast<unsigned>(tiles < 0x7fffffff ? tiles : 0x7fffffff);
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
+  const SplitK sk = split_k<Tile>(p.K, splits);
+  if (sk.splits == 1) {
+    constexpr auto kernel = simt_gemm_kernel<T, Acc, Tile, kVec>;
+    if (const char* err = allow_smem<kernel>(smem)) return err;
+    kernel<<<grid, Tile::kThreads, smem, stream>>>(a, b, static_cast<T*>(p.c), p.M, p.N, p.K, p.K);
+    return cuda::last_error();
+  }
+  if constexpr (!kMaySplit) {
+    (void)sms, (void)ws;
+    return "opforge: gemm: split-K asked of a SIMT launcher compiled without it";
+  } else {
+    if (const char* err = check_workspace(ws, simt_workspace_bytes<Acc, Tile>(p, splits))) return err;
+    constexpr auto kernel = simt_gemm_kernel<T, Acc, Tile, kVec, true>;
+    if (const char* err = allow_smem<kernel>(smem)) return err;
+    Acc* partial = static_cast<Acc*>(ws.ptr);
+    kernel<<<dim3(grid, static_cast<unsigned>(sk.splits)), Tile::kThreads, smem, stream>>>(a, b, partial, p.M, p.N,
+                                                                                           p.K, sk.chunk);
+    if (const char* err = cuda::last_error()) return err;
+    // One wave: 8 CTAs of 256 threads fill an sm_80 / sm_90 SM (2048
+    // threads); the grid-stride loop covers the rest.
+    const int64_t n = p.M * p.N, items = kVec ? n / 4 : n;
+    const int64_t blocks = std::min<int64_t>(ceil_div(items, kReduceThreads), int64_t{sms > 0 ? sms : 1} * 8);
+    splitk_reduce_kernel<T, Acc, kVec><<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(
+        partial, static_cast<T*>(p.c), n, sk.splits);
+    return cuda::last_error();
+  }
 }
 
 // Whether the 16-byte float32 path applies: every row of A, B and C starts on

@@ -499,50 +499,57 @@ inline const char* pad_rows(const void* src, void* dst, int64_t rows, int64_t co
   return cuda::last_error();
 }
 
+// Where launch_wgmma_packed puts the padded copies in its workspace: A's
+// [M, lda] first (rounded up to 256 bytes, so that B's copy starts aligned),
+// then B's [K, ldb]; only the operands TMA cannot read as they are (K or N
+// not a multiple of 8, or a base not 16-byte aligned) are copied. Sizes in
+// size_t: M * lda * 2 of two 31-bit sizes can pass int64_t's range.
+struct PackedLayout {
+  bool pad_a, pad_b;
+  int64_t lda, ldb;
+  size_t bytes_a, bytes_b;
+};
+inline PackedLayout packed_layout(const Problem& p) {
+  PackedLayout l{};
+  l.pad_a = p.K % 8 != 0 || !aligned(p.a, 16);
+  l.pad_b = p.N % 8 != 0 || !aligned(p.b, 16);
+  l.lda = l.pad_a ? ceil_div(p.K, 8) * 8 : p.K;
+  l.ldb = l.pad_b ? ceil_div(p.N, 8) * 8 : p.N;
+  l.bytes_a = l.pad_a ? (static_cast<size_t>(p.M) * static_cast<size_t>(l.lda) * 2 + 255) / 256 * 256 : 0;
+  l.bytes_b = l.pad_b ? static_cast<size_t>(p.K) * static_cast<size_t>(l.ldb) * 2 : 0;
+  return l;
+}
+// The workspace launch_wgmma_packed needs for this problem.
+inline size_t packed_workspace_bytes(const Problem& p) {
+  const PackedLayout l = packed_layout(p);
+  return l.bytes_a + l.bytes_b;
+}
+
 // The wgmma kernel for A and B that TMA cannot read as they are (K or N not
 // a multiple of 8, unaligned bases): each such operand is copied first into
-// a stream-ordered scratch buffer (cudaMallocAsync: no workspace comes with
-// gemm_cuda) with its rows padded to a multiple of 8 elements, at the cost of
-// one read and one write of it (4095 x 4097 x 4093: 67 MB moved, about 20 us
-// at the H200's copy rate, against 1 ms for cuBLAS on that shape). C is
-// written in place by the direct epilogue (any N). Returns nullptr, or an
-// error before anything was launched when the scratch cannot be had, so
-// that the caller can take another path.
+// the workspace (packed_workspace_bytes of it, from the caller) with its rows
+// padded to a multiple of 8 elements, at the cost of one read and one write
+// of it (4095 x 4097 x 4093: 67 MB moved, about 20 us at the H200's copy
+// rate, against 1 ms for cuBLAS on that shape). C is written in place by the
+// direct epilogue (any N). A workspace too small: an error, nothing launched.
 template <typename T, class Tile>
-const char* launch_wgmma_packed(const Problem& p, const DeviceInfo& info, cudaStream_t s, int max_ctas = 0,
-                                bool* fell_back = nullptr) {
+const char* launch_wgmma_packed(const Problem& p, const DeviceInfo& info, cudaStream_t s, Workspace ws,
+                                int max_ctas = 0) {
   static_assert(!Tile::kTmaStore, "C may be unaligned here: the direct epilogue");
-  const bool pad_a = p.K % 8 != 0 || !aligned(p.a, 16);
-  const bool pad_b = p.N % 8 != 0 || !aligned(p.b, 16);
-  const int64_t lda = pad_a ? ceil_div(p.K, 8) * 8 : p.K;
-  const int64_t ldb = pad_b ? ceil_div(p.N, 8) * 8 : p.N;
-  const size_t bytes_a = pad_a ? static_cast<size_t>(ceil_div(p.M * lda * 2, 256) * 256) : 0;
-  const size_t bytes_b = pad_b ? static_cast<size_t>(p.K * ldb * 2) : 0;
-  void* scratch = nullptr;
-  if (bytes_a + bytes_b > 0) {
-    if (cudaMallocAsync(&scratch, bytes_a + bytes_b, s) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: clear it, the caller takes another path
-      if (fell_back != nullptr) *fell_back = true;
-      return "opforge: gemm: no scratch memory for the padded operands";
-    }
-  }
+  const PackedLayout l = packed_layout(p);
+  if (const char* err = check_workspace(ws, l.bytes_a + l.bytes_b)) return err;
   const void* a = p.a;
   const void* b = p.b;
-  const char* err = nullptr;
-  if (pad_a) {
-    err = pad_rows<T>(p.a, scratch, p.M, p.K, lda, info.sms, s);
-    a = scratch;
+  if (l.pad_a) {
+    if (const char* err = pad_rows<T>(p.a, ws.ptr, p.M, p.K, l.lda, info.sms, s)) return err;
+    a = ws.ptr;
   }
-  if (err == nullptr && pad_b) {
-    b = static_cast<char*>(scratch) + bytes_a;
-    err = pad_rows<T>(p.b, const_cast<void*>(b), p.K, p.N, ldb, info.sms, s);
+  if (l.pad_b) {
+    void* dst = static_cast<char*>(ws.ptr) + l.bytes_a;
+    if (const char* err = pad_rows<T>(p.b, dst, p.K, p.N, l.ldb, info.sms, s)) return err;
+    b = dst;
   }
-  if (err == nullptr) err = launch_wgmma_on<T, Tile>(p, a, lda, b, ldb, info, s, max_ctas);
-  if (scratch != nullptr) {
-    const cudaError_t freed = cudaFreeAsync(scratch, s);
-    if (err == nullptr && freed != cudaSuccess) err = cudaGetErrorString(freed);
-  }
-  return err;
+  return launch_wgmma_on<T, Tile>(p, a, l.lda, b, l.ldb, info, s, max_ctas);
 }
 
 }  // namespace opforge::gemm
