@@ -216,6 +216,35 @@ initcheck-filter)
     lltm_forward lltm_backward --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1
   echo "sanitize rc=$?"; grep -E "^│|tools|excl" "$OUT/sanitize.txt"
   ;;
+gemm-splitk)
+  # Issue 7's split-K and workspace: the CUDA tests of gemm beside gemm_tune's build and initcheck's kernel
+  # filter forms, then gemm_tune's SIMT variants (checks + times against cuBLAS), then the op's float32 bench.
+  blas=(-lcublas)
+  if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
+    cu13=$(python3 -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")
+    blas=(-I"$cu13/include" -L"$cu13/lib" -l:libcublas.so.13 -Xlinker -rpath="$cu13/lib")
+  fi
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/gemm_tune.cu "${blas[@]}" \
+    -o /tmp/gemm_tune > "$OUT/gemm-build.log" 2>&1 &
+  nv=$!
+  for f in kns=at::native::reduce_kernel kns=_ZN2at6native13reduce_kernel; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 compute-sanitizer --tool initcheck --kernel-name-exclude $f python3 -c \
+      "import torch; x = torch.randn(1025, 900, dtype=torch.float64, device='cuda'); print(x.sum(0).sum().item())" 2>&1 \
+      | grep -E "ERROR SUMMARY|rror" | head -2 | sed "s/^/initcheck exclude $f: /"
+  done
+  timeout ${GEMM_TEST_S:-220} python3 -m pytest tests/test_gemm.py -q -p no:cacheprovider -m cuda -x > "$OUT/pytest-gemm.log" 2>&1
+  echo "gemm CUDA tests rc=$?"; tail -3 "$OUT/pytest-gemm.log"
+  wait $nv || { tail -20 "$OUT/gemm-build.log"; exit 1; }
+  echo "gemm_tune spilling kernels: $(grep -cE '[1-9][0-9]* bytes spill stores' "$OUT/gemm-build.log")"
+  timeout ${GEMM_TIMEOUT:-200} /tmp/gemm_tune --only ${GEMM_ONLY:-simt} > "$OUT/gemm-tune.txt" 2>&1
+  echo "gemm_tune rc=$?"; grep -E "^FAIL|^correctness:|HANG|launch failed" "$OUT/gemm-tune.txt" | head -8
+  sed -n '/== timing/,$p' "$OUT/gemm-tune.txt" | grep -E "^(16|32|64)x|float32 .*splits" | tail -70
+  if [ $(( $(date +%s) - start )) -lt 470 ]; then
+    timeout 100 python3 -m opforge bench gemm --device cuda --dtype float32 --seed 1 --no-compile --budget 0.3 \
+      --json "$OUT/gemm-f32.json" > "$OUT/gemm-f32.log" 2>&1
+    echo "bench rc=$?"; grep -E "^│ " "$OUT/gemm-f32.log" | cut -c1-170
+  fi
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \

@@ -118,6 +118,9 @@ def check_gemm(out: str, device: str) -> None:
     for what in ("640x640 @ 640x640 float32, contiguous", "59x1025 @ 1025x97 float32, transposed a", "5x0 @ 0x6 float32, contiguous"):
         assert out.count(f"check: module.gemm(a, b) == torch.matmul(a, b) for {what}: ok") == len(routes)
         assert out.count(f"check: torch.ops.opforge.gemm(a, b) gives the same bits for {what}: ok") == len(routes)
+    if device == "cuda":
+        what = "2048x2048 @ 2048x2048 float32, contiguous"
+        assert out.count(f"check: module.gemm(a, b) == torch.matmul(a, b) for {what}: ok") == len(routes)
     assert out.count("a pybind11 function is invisible to autograd: ok") == len(routes)
     assert out.count("check: torch.ops.opforge.gemm backward == torch.matmul's") == len(routes)
     assert out.count("check: torch.compile(fullgraph=True) of torch.ops.opforge.gemm == eager: ok") == len(routes)

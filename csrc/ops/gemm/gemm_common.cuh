@@ -101,9 +101,12 @@ inline const char* device_info(DeviceInfo& out) {
 
 // A kernel that wants more than 48 KB of dynamic shared memory must say so,
 // once per device (the attribute is per device and per function): each kernel
-// (the template argument) keeps its own flags.
+// (the template argument) keeps its own flags. `static`, as resident_ctas:
+// opforge's library and a user's build of these same sources (examples/gemm)
+// name their kernels alike, and one process-wide flag would let the second
+// library skip the opt-in for its own kernel, whose launch then fails.
 template <auto kernel>
-inline const char* allow_smem(int bytes) {
+static const char* allow_smem(int bytes) {
   static std::atomic<int> done[kMaxDevices];  // the byte count set, 0: not yet
   if (bytes <= 48 * 1024) return nullptr;
   int dev = 0;
