@@ -245,6 +245,20 @@ gemm-splitk)
     echo "bench rc=$?"; grep -E "^│ " "$OUT/gemm-f32.log" | cut -c1-170
   fi
   ;;
+lltm-sanitize)
+  # lltm_backward's d_bias by its own column-sum kernel: the sanitizer over every elementwise and LLTM kernel,
+  # beside it LLTM's CUDA tests and examples/gemm on CUDA (allow_smem per library, 2048^3); then LLTM's bench.
+  timeout ${SANITIZE_S:-330} python3 -m opforge profile add add_out square sigmoid sigmoid_backward axpby axpby_backward \
+    lltm_forward lltm_backward --sanitize --seed 1 > "$OUT/sanitize.txt" 2>&1 &
+  san=$!
+  timeout 200 python3 -m pytest tests/test_lltm.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-lltm.log" 2>&1
+  echo "lltm CUDA tests rc=$?"; tail -2 "$OUT/pytest-lltm.log"
+  timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k gemm > "$OUT/pytest-examples.log" 2>&1
+  echo "examples gemm/qqq_gemm CUDA rc=$?"; tail -2 "$OUT/pytest-examples.log"
+  wait $san; echo "sanitize rc=$?"; grep -E "^│|tools" "$OUT/sanitize.txt"
+  timeout 100 python3 examples/lltm/bench.py --device cuda --budget 0.2 --json "$OUT/lltm.json" 2>&1 | tail -6
+  timeout 60 python3 examples/lltm/bench.py --device cuda --budget 0.2 --graph --no-compile --json "$OUT/lltm-graph.json" 2>&1 | tail -5
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \

@@ -234,7 +234,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
     at::mm_out(d_weights_h, d_gates_t, old_h);
     at::mm_out(d_weights_x, d_gates_t, input);
   }
-  at::Tensor d_bias = want_bias ? at::sum(d_gates, 0) : empty();
+  at::Tensor d_bias = want_bias ? at::empty({3 * z.state}, input.options()) : empty();
+  if (want_bias) {
+    run_kernel(
+        kBackward, d_bias,
+        [&](auto stream) {
+          return lltm_column_sum_cuda(to_dtype(d_gates.scalar_type()), d_gates.const_data_ptr(), d_bias.data_ptr(),
+                                      z.batch, 3 * z.state, stream);
+        },
+        [&] { at::sum_out(d_bias, d_gates, 0); });
+  }
   at::Tensor d_old_h = want_old_h ? at::mm(d_gates, weights.narrow(1, 0, z.state)) : empty();
   at::Tensor d_input = want_input ? at::mm(d_gates, weights.narrow(1, z.state, z.features)) : empty();
   return {d_old_h, d_input, d_weights, d_bias, d_old_cell};

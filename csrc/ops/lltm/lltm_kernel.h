@@ -43,4 +43,9 @@ struct LltmBackwardArgs {
 // Returns nullptr or the CUDA error.
 const char* lltm_backward_cuda(DType dtype, const LltmBackwardArgs& args, void* stream);
 
+// out[j] = sum over rows of x[r, j] (x [rows, cols] contiguous, out [cols]):
+// d_bias from d_gates, accumulated in float32 (float64 for float64), in a
+// fixed order. rows may be 0 (zeros). Returns nullptr or the CUDA error.
+const char* lltm_column_sum_cuda(DType dtype, const void* x, void* out, int64_t rows, int64_t cols, void* stream);
+
 }  // namespace opforge
