@@ -259,6 +259,21 @@ lltm-sanitize)
   timeout 100 python3 examples/lltm/bench.py --device cuda --budget 0.2 --json "$OUT/lltm.json" 2>&1 | tail -6
   timeout 60 python3 examples/lltm/bench.py --device cuda --budget 0.2 --graph --no-compile --json "$OUT/lltm-graph.json" 2>&1 | tail -5
   ;;
+benches)
+  # One quiet-GPU call, every bench under the read flush: gemm against cuBLAS (all dtypes), the fused axpby and
+  # backward kernels against eager and static compile at 2^26/2^28, qqq_gemm against fp16 matmul.
+  timeout 170 python3 -m opforge bench gemm --device cuda --seed 1 --no-compile --budget 0.3 --json "$OUT/gemm.json" \
+    --plot "$OUT/gemm.png" > "$OUT/gemm.log" 2>&1
+  echo "bench gemm rc=$?"; grep -E "^│ " "$OUT/gemm.log" | cut -c1-170
+  timeout 250 python3 -m opforge bench axpby axpby_backward sigmoid_backward --device cuda --seed 1 --sweep --case 2^26,2^28 \
+    --budget 0.1 --json "$OUT/fused.json" > "$OUT/fused.log" 2>&1
+  echo "bench fused rc=$?"; grep -E "^│ " "$OUT/fused.log" | cut -c1-150
+  if [ $(( $(date +%s) - start )) -lt 500 ]; then
+    timeout 80 python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget 0.1 --no-compile \
+      --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
+    echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
+  fi
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
