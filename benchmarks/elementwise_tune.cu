@@ -4,7 +4,7 @@
 // bfloat16, against the device-to-device copy of the same bytes.
 //
 //   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
-//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small|aligned]...
+//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small|aligned|hints]...
 //
 // sweep (the default): the table above. sigmoid: the arithmetic of sigmoid's
 // forms (libm + IEEE division, libm + approximate reciprocal, ex2/rcp
@@ -300,6 +300,81 @@ void aligned_threads(const char* dtype) {
   }
 }
 
+// add through the aligned kernel's shape (one 16-byte vector per input per
+// thread, 256 threads) with cache hints on the loads and stores: plain, the
+// stores evict-first (st.global.cs), both loads and stores streaming
+// (ld.global.cs / st.global.cs), and loads through the read-only path. The
+// question: does keeping the output's lines out of L2's way let add's two input
+// streams run closer to eager's in the 2-byte types?
+enum class Hint { kPlain, kStoreCs, kBothCs, kLdgStoreCs };
+
+template <typename T, Hint H>
+__global__ void __launch_bounds__(256) add_hinted(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                   uint4* __restrict__ o, uint32_t nvec) {
+  const uint32_t j = blockIdx.x * 256 + threadIdx.x;
+  if (j >= nvec) return;
+  uint4 x, y;
+  if constexpr (H == Hint::kBothCs) {
+    x = __ldcs(a + j), y = __ldcs(b + j);
+  } else if constexpr (H == Hint::kLdgStoreCs) {
+    x = __ldg(a + j), y = __ldg(b + j);
+  } else {
+    x = a[j], y = b[j];
+  }
+  constexpr int V = 16 / sizeof(T);
+  const T* xa = reinterpret_cast<const T*>(&x);
+  const T* ya = reinterpret_cast<const T*>(&y);
+  uint4 z;
+  T* za = reinterpret_cast<T*>(&z);
+#pragma unroll
+  for (int e = 0; e < V; ++e) za[e] = cu::from_opmath<T>(cu::to_opmath(xa[e]) + cu::to_opmath(ya[e]));
+  if constexpr (H == Hint::kPlain) {
+    o[j] = z;
+  } else {
+    __stcs(o + j, z);
+  }
+}
+
+template <typename T, Hint H>
+float hinted_us(int64_t n, T* a, T* b, T* o) {
+  const auto nvec = static_cast<uint32_t>(n * sizeof(T) / 16);
+  return median_us([&] {
+    add_hinted<T, H><<<(nvec + 255) / 256, 256>>>(reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b),
+                                                 reinterpret_cast<uint4*>(o), nvec);
+  });
+}
+
+template <typename T>
+void cache_hints(const char* dtype) {
+  for (int log2n : {26, 28}) {
+    const int64_t n = int64_t{1} << log2n;
+    T *a, *b, *o;
+    CHECK(cudaMalloc(&a, n * sizeof(T)));
+    CHECK(cudaMalloc(&b, n * sizeof(T)));
+    CHECK(cudaMalloc(&o, n * sizeof(T)));
+    fill<<<1024, 256>>>(a, n, 1e-3f);
+    fill<<<1024, 256>>>(b, n, 2e-3f);
+    std::vector<float> r[5];
+    for (int round = 0; round < 7; ++round) {
+      r[0].push_back(add_us<T, 256, 1>(n, a, b, o));
+      r[1].push_back(hinted_us<T, Hint::kPlain>(n, a, b, o));
+      r[2].push_back(hinted_us<T, Hint::kStoreCs>(n, a, b, o));
+      r[3].push_back(hinted_us<T, Hint::kBothCs>(n, a, b, o));
+      r[4].push_back(hinted_us<T, Hint::kLdgStoreCs>(n, a, b, o));
+    }
+    float med[5];
+    for (int k = 0; k < 5; ++k) {
+      std::sort(r[k].begin(), r[k].end());
+      med[k] = r[k][r[k].size() / 2];
+    }
+    std::printf("add %-8s 2^%-3d op's kernel %7.1f us | plain %7.1f | st.cs %7.1f | ld.cs+st.cs %7.1f | ldg+st.cs %7.1f\n",
+                dtype, log2n, med[0], med[1], med[2], med[3], med[4]);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(o);
+  }
+}
+
 int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -319,12 +394,16 @@ int main(int argc, char** argv) {
       sigmoid_forms<__nv_bfloat16>("bfloat16");
     } else if (mode == "small") {
       small_sizes();
+    } else if (mode == "hints") {
+      cache_hints<float>("float32");
+      cache_hints<__half>("float16");
+      cache_hints<__nv_bfloat16>("bfloat16");
     } else if (mode == "aligned") {
       aligned_threads<float>("float32");
       aligned_threads<__half>("float16");
       aligned_threads<__nv_bfloat16>("bfloat16");
     } else {
-      std::printf("unknown mode %s (sweep, sigmoid, small, aligned)\n", mode.c_str());
+      std::printf("unknown mode %s (sweep, sigmoid, small, aligned, hints)\n", mode.c_str());
       return 2;
     }
   }

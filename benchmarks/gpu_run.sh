@@ -274,6 +274,21 @@ benches)
     echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
   fi
   ;;
+final-check)
+  # add's cache hints (quiet GPU), ncu summaries of gemm, then the sanitizer over gemm and qqq_gemm (split-K,
+  # the ATen workspace) beside the CUDA tests of every op and the fast path.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 90 /tmp/elementwise_tune hints 2>&1 | tee "$OUT/tune-hints.txt"
+  { timeout 60 python3 -m opforge profile gemm --case 16x8192x8192 --dtype float32
+    timeout 60 python3 -m opforge profile gemm --case 4096^3 --dtype bfloat16; } > "$OUT/profile-gemm.txt" 2>&1
+  echo "profile rc=$?"; grep -E "^│|^┃" "$OUT/profile-gemm.txt" | cut -c1-170 | head -30
+  timeout 220 python3 -m opforge profile gemm qqq_gemm --sanitize --seed 1 > "$OUT/sanitize-gemm-qqq.txt" 2>&1 &
+  san=$!
+  timeout 220 python3 -m pytest tests/test_ops.py tests/test_fast.py tests/test_check.py -q -p no:cacheprovider -m cuda \
+    > "$OUT/pytest-ops.log" 2>&1
+  echo "ops/fast/check CUDA tests rc=$?"; tail -2 "$OUT/pytest-ops.log"
+  wait $san; echo "sanitize rc=$?"; grep -E "^│|tools" "$OUT/sanitize-gemm-qqq.txt"
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
