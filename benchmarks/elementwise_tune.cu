@@ -22,23 +22,17 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "opforge/cuda_utils.cuh"
+#include "tune_common.cuh"
 
 namespace cu = opforge::cuda;
 
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 struct AddOp {
   template <typename U>
@@ -268,35 +262,52 @@ float add_us(int64_t n, T* a, T* b, T* o) {
   });
 }
 
+// add's three buffers of 2^log2n elements, filled (never zeros), freed on scope exit.
 template <typename T>
-void aligned_threads(const char* dtype) {
-  for (int log2n : {26, 28}) {
-    const int64_t n = int64_t{1} << log2n;
-    T *a, *b, *o;
+struct AddBuffers {
+  int64_t n;
+  T *a = nullptr, *b = nullptr, *o = nullptr;
+  explicit AddBuffers(int log2n) : n(int64_t{1} << log2n) {
     CHECK(cudaMalloc(&a, n * sizeof(T)));
     CHECK(cudaMalloc(&b, n * sizeof(T)));
     CHECK(cudaMalloc(&o, n * sizeof(T)));
     fill<<<1024, 256>>>(a, n, 1e-3f);
     fill<<<1024, 256>>>(b, n, 2e-3f);
-    std::vector<float> r[4];
-    for (int round = 0; round < 7; ++round) {
-      r[0].push_back(add_us<T, 128, 1>(n, a, b, o));
-      r[1].push_back(add_us<T, 256, 1>(n, a, b, o));
-      r[2].push_back(add_us<T, 512, 1>(n, a, b, o));
-      r[3].push_back(add_us<T, 256, 2>(n, a, b, o));
-    }
-    float med[4];
-    for (int k = 0; k < 4; ++k) {
-      std::sort(r[k].begin(), r[k].end());
-      med[k] = r[k][r[k].size() / 2];
-    }
-    const double gb = 3.0 * n * sizeof(T) / 1e3;
-    std::printf("add %-8s 2^%-3d aligned 128 thr %7.1f us (%4.0f GB/s) | 256 thr %7.1f (%4.0f) | 512 thr %7.1f (%4.0f) | "
-                "general 256x2 %7.1f (%4.0f)\n",
-                dtype, log2n, med[0], gb / med[0], med[1], gb / med[1], med[2], gb / med[2], med[3], gb / med[3]);
+  }
+  ~AddBuffers() {
     cudaFree(a);
     cudaFree(b);
     cudaFree(o);
+  }
+};
+
+// Each variant's median time over 7 rounds, the variants interleaved within a
+// round so that drift in the clocks hits them alike.
+std::vector<float> interleaved_medians(const std::vector<std::function<float()>>& variants) {
+  std::vector<std::vector<float>> r(variants.size());
+  for (int round = 0; round < 7; ++round) {
+    for (size_t k = 0; k < variants.size(); ++k) r[k].push_back(variants[k]());
+  }
+  std::vector<float> med;
+  for (auto& v : r) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  return med;
+}
+
+template <typename T>
+void aligned_threads(const char* dtype) {
+  for (int log2n : {26, 28}) {
+    AddBuffers<T> m(log2n);
+    const auto med = interleaved_medians({[&] { return add_us<T, 128, 1>(m.n, m.a, m.b, m.o); },
+                                          [&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); },
+                                          [&] { return add_us<T, 512, 1>(m.n, m.a, m.b, m.o); },
+                                          [&] { return add_us<T, 256, 2>(m.n, m.a, m.b, m.o); }});
+    const double gb = 3.0 * m.n * sizeof(T) / 1e3;
+    std::printf("add %-8s 2^%-3d aligned 128 thr %7.1f us (%4.0f GB/s) | 256 thr %7.1f (%4.0f) | 512 thr %7.1f (%4.0f) | "
+                "general 256x2 %7.1f (%4.0f)\n",
+                dtype, log2n, med[0], gb / med[0], med[1], gb / med[1], med[2], gb / med[2], med[3], gb / med[3]);
   }
 }
 
@@ -347,31 +358,14 @@ float hinted_us(int64_t n, T* a, T* b, T* o) {
 template <typename T>
 void cache_hints(const char* dtype) {
   for (int log2n : {26, 28}) {
-    const int64_t n = int64_t{1} << log2n;
-    T *a, *b, *o;
-    CHECK(cudaMalloc(&a, n * sizeof(T)));
-    CHECK(cudaMalloc(&b, n * sizeof(T)));
-    CHECK(cudaMalloc(&o, n * sizeof(T)));
-    fill<<<1024, 256>>>(a, n, 1e-3f);
-    fill<<<1024, 256>>>(b, n, 2e-3f);
-    std::vector<float> r[5];
-    for (int round = 0; round < 7; ++round) {
-      r[0].push_back(add_us<T, 256, 1>(n, a, b, o));
-      r[1].push_back(hinted_us<T, Hint::kPlain>(n, a, b, o));
-      r[2].push_back(hinted_us<T, Hint::kStoreCs>(n, a, b, o));
-      r[3].push_back(hinted_us<T, Hint::kBothCs>(n, a, b, o));
-      r[4].push_back(hinted_us<T, Hint::kLdgStoreCs>(n, a, b, o));
-    }
-    float med[5];
-    for (int k = 0; k < 5; ++k) {
-      std::sort(r[k].begin(), r[k].end());
-      med[k] = r[k][r[k].size() / 2];
-    }
+    AddBuffers<T> m(log2n);
+    const auto med = interleaved_medians({[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); },
+                                          [&] { return hinted_us<T, Hint::kPlain>(m.n, m.a, m.b, m.o); },
+                                          [&] { return hinted_us<T, Hint::kStoreCs>(m.n, m.a, m.b, m.o); },
+                                          [&] { return hinted_us<T, Hint::kBothCs>(m.n, m.a, m.b, m.o); },
+                                          [&] { return hinted_us<T, Hint::kLdgStoreCs>(m.n, m.a, m.b, m.o); }});
     std::printf("add %-8s 2^%-3d op's kernel %7.1f us | plain %7.1f | st.cs %7.1f | ld.cs+st.cs %7.1f | ldg+st.cs %7.1f\n",
                 dtype, log2n, med[0], med[1], med[2], med[3], med[4]);
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(o);
   }
 }
 

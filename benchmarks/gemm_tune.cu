@@ -35,18 +35,11 @@
 #include <vector>
 
 #include "ops/gemm/gemm_dispatch.cuh"
+#include "tune_common.cuh"
 
 using namespace opforge;
 using namespace opforge::gemm;
 
-#define CHECK(x)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 #define CHECK_BLAS(x)                                                      \
   do {                                                                     \
     cublasStatus_t s_ = (x);                                               \
@@ -501,24 +494,10 @@ static void* g_flush = nullptr;
 static unsigned* g_sink = nullptr;
 static const size_t kFlushBytes = size_t{256} << 20;
 
-// Reads n 16-byte words and writes nothing (unless the checksum matches a
-// salt it does not match in practice: the loads cannot be dropped), so the
-// L2 is left full of clean lines that the next call evicts for free.
-__global__ void flush_read(const uint4* __restrict__ p, size_t n, unsigned salt, unsigned* sink) {
-  unsigned x = 0;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
-    x ^= a.x ^ b.y ^ c.z ^ d.w;
-  }
-  for (; i < n; i += stride) x ^= p[i].x;
-  if (x == (salt | 0x80000000u)) *sink = x;
-}
 
 static float timed_ms(const std::function<void()>& call, cudaEvent_t e0, cudaEvent_t e1, int salt) {
   // L2 flushed; the flush also hides the host's launch work.
-  flush_read<<<g_info.sms * 4, 512>>>(static_cast<const uint4*>(g_flush), kFlushBytes / 16, static_cast<unsigned>(salt),
+  read_all<<<g_info.sms * 4, 512>>>(static_cast<const uint4*>(g_flush), kFlushBytes / 16, static_cast<unsigned>(salt),
                                       g_sink);
   CHECK(cudaGetLastError());
   CHECK(cudaEventRecord(e0));

@@ -289,6 +289,22 @@ final-check)
   echo "ops/fast/check CUDA tests rc=$?"; tail -2 "$OUT/pytest-ops.log"
   wait $san; echo "sanitize rc=$?"; grep -E "^│|tools" "$OUT/sanitize-gemm-qqq.txt"
   ;;
+drivers)
+  # The three tuning drivers after sharing tune_common.cuh: build, checks, a short timing each.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 60 /tmp/elementwise_tune hints 2>&1 | tail -7
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+    && timeout 120 /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^(check|FAIL|all checks)|read" "$OUT/qqq-tune.txt" | head -12
+  blas=(-lcublas)
+  if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
+    cu13=$(python3 -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")
+    blas=(-I"$cu13/include" -L"$cu13/lib" -l:libcublas.so.13 -Xlinker -rpath="$cu13/lib")
+  fi
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/gemm_tune.cu "${blas[@]}" -o /tmp/gemm_tune \
+    && timeout 150 /tmp/gemm_tune --only simt16x64x32 > "$OUT/gemm-tune.txt" 2>&1; echo "gemm_tune rc=$?"
+  grep -E "^correctness:|^FAIL|^16x8192x8192 +float32" "$OUT/gemm-tune.txt" | head -12
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \

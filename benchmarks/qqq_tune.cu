@@ -30,18 +30,11 @@
 // The op's launcher in this translation unit: its configurations, its plan
 // (qqq_gemm_cuda) and the kernel templates.
 #include "ops/qqq_gemm/qqq_gemm_kernel.cu"
+#include "tune_common.cuh"
 
 using namespace opforge;
 using qqq::Config;
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 static int g_failures = 0;
 // --sanitize: a few small cases per configuration, for compute-sanitizer's slow tools.
@@ -293,24 +286,10 @@ static uint8_t* g_flush = nullptr;
 static uint32_t* g_sink = nullptr;
 constexpr size_t kFlushBytes = 256u << 20;
 
-// Reads n 16-byte words and writes nothing (unless a checksum matches a
-// constant it never matches): the streaming-read floor, and a flush that
-// leaves the L2 full of clean lines.
-__global__ void stream_read(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
-  uint32_t x = 0;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
-    x ^= a.x ^ b.y ^ c.z ^ d.w;
-  }
-  for (; i < n; i += stride) x ^= p[i].x;
-  if (x == 0x9E3779B9u) *sink = x;
-}
 
 static int g_sms = 0;
 static void launch_stream_read(const void* p, size_t bytes) {
-  stream_read<<<g_sms * 4, 512>>>(static_cast<const uint4*>(p), bytes / 16, g_sink);
+  read_all<<<g_sms * 4, 512>>>(static_cast<const uint4*>(p), bytes / 16, 0x1E3779B9u, g_sink);
 }
 
 // Flush modes: "dirty" writes 256 MB (opforge bench's zero_(): the L2 is left
