@@ -67,24 +67,11 @@ __global__ void fill(T* p, int64_t n, float scale) {
 
 template <typename F>
 float median_us(F launch) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  EventTimer timer;
   for (int i = 0; i < 5; ++i) launch();
   std::vector<float> ts;
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    ts.push_back(ms * 1000.f);
-  }
-  std::sort(ts.begin(), ts.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ts[ts.size() / 2];
+  for (int i = 0; i < 30; ++i) ts.push_back(timer.us(launch));
+  return median_of(ts);
 }
 
 // add over every misalignment and small size: the head, body and tail must cover each element once.
@@ -289,10 +276,7 @@ std::vector<float> interleaved_medians(const std::vector<std::function<float()>>
     for (size_t k = 0; k < variants.size(); ++k) r[k].push_back(variants[k]());
   }
   std::vector<float> med;
-  for (auto& v : r) {
-    std::sort(v.begin(), v.end());
-    med.push_back(v[v.size() / 2]);
-  }
+  for (const auto& v : r) med.push_back(median_of(v));
   return med;
 }
 

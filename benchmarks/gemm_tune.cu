@@ -494,24 +494,12 @@ static void* g_flush = nullptr;
 static unsigned* g_sink = nullptr;
 static const size_t kFlushBytes = size_t{256} << 20;
 
-
-static float timed_ms(const std::function<void()>& call, cudaEvent_t e0, cudaEvent_t e1, int salt) {
-  // L2 flushed; the flush also hides the host's launch work.
+// One call timed after an L2 flush (which also hides the host's launch work).
+static float flushed_us(EventTimer& timer, const std::function<void()>& call, int salt) {
   read_all<<<g_info.sms * 4, 512>>>(static_cast<const uint4*>(g_flush), kFlushBytes / 16, static_cast<unsigned>(salt),
                                       g_sink);
   CHECK(cudaGetLastError());
-  CHECK(cudaEventRecord(e0));
-  call();
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  return ms;
-}
-
-static double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return 1e3 * v[v.size() / 2];
+  return timer.us(call);
 }
 
 // Median microseconds of `call` and, when given, of `base` timed in turn
@@ -519,9 +507,7 @@ static double median(std::vector<float> v) {
 // temperature: the ratio of the two is what the table reports.
 static std::pair<double, double> median_us(const std::function<void()>& call, const std::function<void()>& base,
                                            int max_reps, double budget_ms) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  EventTimer timer;
   for (int i = 0; i < 3; ++i) {
     call();
     if (base) base();
@@ -530,14 +516,12 @@ static std::pair<double, double> median_us(const std::function<void()>& call, co
   std::vector<float> tc, tb;
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < max_reps; ++i) {
-    tc.push_back(timed_ms(call, e0, e1, 2 * i));
-    if (base) tb.push_back(timed_ms(base, e0, e1, 2 * i + 1));
+    tc.push_back(flushed_us(timer, call, 2 * i));
+    if (base) tb.push_back(flushed_us(timer, base, 2 * i + 1));
     const double spent = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (i >= 9 && spent > budget_ms) break;
   }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  return {median(tc), base ? median(tb) : 0.0};
+  return {median_of(tc), base ? median_of(tb) : 0.0};
 }
 
 struct Row {

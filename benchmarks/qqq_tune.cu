@@ -300,26 +300,15 @@ enum class Flush { Dirty, Clean, None };
 
 template <typename F>
 static float median_us(F launch, Flush flush = Flush::Dirty, int reps = 25) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  EventTimer timer;
   for (int i = 0; i < 3; ++i) launch();
   std::vector<float> ts;
   for (int i = 0; i < reps; ++i) {
     if (flush == Flush::Dirty) CHECK(cudaMemsetAsync(g_flush, i & 0xFF, kFlushBytes));
     if (flush == Flush::Clean) launch_stream_read(g_flush, kFlushBytes);
-    CHECK(cudaEventRecord(e0));
-    launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms * 1e3f);
+    ts.push_back(timer.us(launch));
   }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
+  return median_of(ts);
 }
 
 static double g_copy_gbps = 0;

@@ -1,12 +1,15 @@
 #pragma once
 // What the standalone tuning drivers (elementwise_tune.cu, gemm_tune.cu,
-// qqq_tune.cu) share: a CUDA error check that stops the run, and a kernel
-// that reads a buffer and writes nothing.
+// qqq_tune.cu) share: a CUDA error check that stops the run, a call timed by
+// CUDA events, the median of such times, and a kernel that reads a buffer and
+// writes nothing.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CHECK(x)                                                                          \
   do {                                                                                    \
@@ -33,4 +36,40 @@ static __global__ void read_all(const uint4* __restrict__ p, size_t n, unsigned 
   }
   for (; i < n; i += stride) x ^= p[i].x;
   if (x == (salt | 0x80000000u)) *sink = x;
+}
+
+// Times one call at a time with a pair of CUDA events on the default stream.
+class EventTimer {
+ public:
+  EventTimer() {
+    CHECK(cudaEventCreate(&e0_));
+    CHECK(cudaEventCreate(&e1_));
+  }
+  ~EventTimer() {
+    cudaEventDestroy(e0_);
+    cudaEventDestroy(e1_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+
+  // Microseconds between events recorded just before and just after launch().
+  template <typename F>
+  float us(F&& launch) {
+    CHECK(cudaEventRecord(e0_));
+    launch();
+    CHECK(cudaEventRecord(e1_));
+    CHECK(cudaEventSynchronize(e1_));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0_, e1_));
+    return ms * 1e3f;
+  }
+
+ private:
+  cudaEvent_t e0_, e1_;
+};
+
+// The median of v (the upper middle one of an even count).
+inline float median_of(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
