@@ -4,7 +4,7 @@
 // bfloat16, against the device-to-device copy of the same bytes.
 //
 //   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
-//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small|aligned|hints]...
+//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small|aligned|hints|multi]...
 //
 // sweep (the default): the table above. sigmoid: the arithmetic of sigmoid's
 // forms (libm + IEEE division, libm + approximate reciprocal, ex2/rcp
@@ -25,6 +25,7 @@
 #include <functional>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -353,6 +354,97 @@ void cache_hints(const char* dtype) {
   }
 }
 
+// add with VPT 16-byte vectors per input per thread and one tile per block
+// (Threads * VPT vectors), the shape PyTorch's vectorised loop takes for 2-byte
+// types, optionally with the L2::256B prefetch hint on the loads (Hopper: the
+// L2 fetches the 256-byte block around each access). The question: does more
+// work per thread, or a wider L2 fetch, move add's 2-byte types past eager?
+template <bool Prefetch>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  if constexpr (Prefetch) {
+    uint4 r;
+    asm volatile("ld.global.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+  } else {
+    return *p;
+  }
+}
+
+template <typename T, int Threads, int VPT, bool Prefetch>
+__global__ void __launch_bounds__(Threads) add_multi(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                      uint4* __restrict__ o, uint32_t nvec) {
+  const uint32_t base = blockIdx.x * (Threads * VPT) + threadIdx.x;
+  uint4 x[VPT], y[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const uint32_t j = base + v * Threads;
+    if (j < nvec) x[v] = load16<Prefetch>(a + j), y[v] = load16<Prefetch>(b + j);
+  }
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const uint32_t j = base + v * Threads;
+    if (j >= nvec) break;
+    const T* xa = reinterpret_cast<const T*>(&x[v]);
+    const T* ya = reinterpret_cast<const T*>(&y[v]);
+    uint4 z;
+    T* za = reinterpret_cast<T*>(&z);
+#pragma unroll
+    for (int e = 0; e < V; ++e) za[e] = cu::from_opmath<T>(cu::to_opmath(xa[e]) + cu::to_opmath(ya[e]));
+    o[j] = z;
+  }
+}
+
+template <typename T, int Threads, int VPT, bool Prefetch>
+float multi_us(int64_t n, T* a, T* b, T* o) {
+  const auto nvec = static_cast<uint32_t>(n * sizeof(T) / 16);
+  return median_us([&] {
+    add_multi<T, Threads, VPT, Prefetch><<<(nvec + Threads * VPT - 1) / (Threads * VPT), Threads>>>(
+        reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b), reinterpret_cast<uint4*>(o), nvec);
+  });
+}
+
+template <typename T>
+void multi_vectors(const char* dtype) {
+  for (int log2n : {26, 28}) {
+    AddBuffers<T> m(log2n);
+    if (log2n == 26) {
+      // Each variant's every output element, bit for bit, against the op's kernel's.
+      T* want = nullptr;
+      CHECK(cudaMalloc(&want, m.n * sizeof(T)));
+      add_us<T, 256, 1>(m.n, m.a, m.b, want);
+      std::vector<uint8_t> ref(m.n * sizeof(T)), got(m.n * sizeof(T));
+      CHECK(cudaMemcpy(ref.data(), want, ref.size(), cudaMemcpyDeviceToHost));
+      CHECK(cudaFree(want));
+      const std::vector<std::function<float()>> all = {[&] { return multi_us<T, 128, 2, false>(m.n, m.a, m.b, m.o); },
+                                                        [&] { return multi_us<T, 128, 4, false>(m.n, m.a, m.b, m.o); },
+                                                        [&] { return multi_us<T, 256, 2, false>(m.n, m.a, m.b, m.o); },
+                                                        [&] { return multi_us<T, 256, 1, true>(m.n, m.a, m.b, m.o); },
+                                                        [&] { return multi_us<T, 128, 2, true>(m.n, m.a, m.b, m.o); }};
+      for (size_t k = 0; k < all.size(); ++k) {
+        CHECK(cudaMemset(m.o, 0xFF, m.n * sizeof(T)));
+        all[k]();
+        CHECK(cudaMemcpy(got.data(), m.o, got.size(), cudaMemcpyDeviceToHost));
+        if (std::memcmp(got.data(), ref.data(), got.size()) != 0) {
+          std::printf("FAIL add %s variant %zu differs from the op's kernel\n", dtype, k);
+          std::exit(1);
+        }
+      }
+    }
+    const auto med = interleaved_medians({[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); },
+                                          [&] { return multi_us<T, 128, 2, false>(m.n, m.a, m.b, m.o); },
+                                          [&] { return multi_us<T, 128, 4, false>(m.n, m.a, m.b, m.o); },
+                                          [&] { return multi_us<T, 256, 2, false>(m.n, m.a, m.b, m.o); },
+                                          [&] { return multi_us<T, 256, 1, true>(m.n, m.a, m.b, m.o); },
+                                          [&] { return multi_us<T, 128, 2, true>(m.n, m.a, m.b, m.o); }});
+    std::printf("add %-8s 2^%-3d op's kernel %7.1f us | 128x2 %7.1f | 128x4 %7.1f | 256x2 %7.1f | 256x1 L2::256B %7.1f | "
+                "128x2 L2::256B %7.1f\n",
+                dtype, log2n, med[0], med[1], med[2], med[3], med[4], med[5]);
+  }
+}
+
 int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -376,12 +468,16 @@ int main(int argc, char** argv) {
       cache_hints<float>("float32");
       cache_hints<__half>("float16");
       cache_hints<__nv_bfloat16>("bfloat16");
+    } else if (mode == "multi") {
+      multi_vectors<float>("float32");
+      multi_vectors<__half>("float16");
+      multi_vectors<__nv_bfloat16>("bfloat16");
     } else if (mode == "aligned") {
       aligned_threads<float>("float32");
       aligned_threads<__half>("float16");
       aligned_threads<__nv_bfloat16>("bfloat16");
     } else {
-      std::printf("unknown mode %s (sweep, sigmoid, small, aligned, hints)\n", mode.c_str());
+      std::printf("unknown mode %s (sweep, sigmoid, small, aligned, hints, multi)\n", mode.c_str());
       return 2;
     }
   }

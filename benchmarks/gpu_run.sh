@@ -305,6 +305,24 @@ drivers)
     && timeout 150 /tmp/gemm_tune --only simt16x64x32 > "$OUT/gemm-tune.txt" 2>&1; echo "gemm_tune rc=$?"
   grep -E "^correctness:|^FAIL|^16x8192x8192 +float32" "$OUT/gemm-tune.txt" | head -12
   ;;
+explore)
+  # Session 14's questions: is the bench timing host gaps (bench_timing.py), do deeper pipelines stream
+  # qqq_gemm's weights faster at small M (qqq_tune --small), does more work per thread move add's 2-byte types.
+  timeout 120 python3 benchmarks/bench_timing.py 2>&1 | tee "$OUT/bench-timing.txt"
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+    && timeout 200 /tmp/qqq_tune --small > "$OUT/qqq-small.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -vE "^check" "$OUT/qqq-small.txt" | cut -c1-120; grep -E "FAIL" "$OUT/qqq-small.txt" | head -5
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+    && timeout 120 /tmp/elementwise_tune multi 2>&1 | tee "$OUT/elementwise-multi.txt"
+  ;;
+qqq-bench)
+  # What the bench reports for short calls (bench_timing.py: batched vs synchronised, the input-set
+  # rotation's spread), then qqq_gemm's bench vs fp16 matmul with a larger budget than `benches`.
+  timeout 150 python3 benchmarks/bench_timing.py 2>&1 | tee "$OUT/bench-timing.txt"
+  timeout 300 python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.3} --no-compile \
+    --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
+  echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \

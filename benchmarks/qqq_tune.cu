@@ -361,7 +361,7 @@ static Device make_weights(int K, int N, int gs) {
 static double floor_us(const Problem& p) { return (static_cast<double>(p.K) * p.N / 2) / (g_copy_gbps * 1e3); }
 
 template <class C>
-static void time_config(const char* name, Timed& t, int sms, const std::vector<int>& forced) {
+static void time_config(const char* name, Timed& t, int sms, const std::vector<int>& forced, Flush flush = Flush::Dirty) {
   const Problem& p = t.p;
   for (int force : forced) {
     qqq::Plan plan;
@@ -372,7 +372,7 @@ static void time_config(const char* name, Timed& t, int sms, const std::vector<i
       ++g_failures;
       continue;
     }
-    const float us = median_us([&] { run<C>(p, t.d, DType::Float16, force, sms); });
+    const float us = median_us([&] { run<C>(p, t.d, DType::Float16, force, sms); }, flush);
     std::printf("time K=%5d N=%5d M=%3d %-9s %-18s splits=%2d ctas=%5d %8.2f us %5.1f%% of weight floor\n", p.K, p.N, p.M,
                 p.gs > 0 ? "group128" : "channel", name, plan.splits, plan.tiles_m * plan.tiles_n * plan.splits, us,
                 100.0 * floor_us(p) / us);
@@ -401,10 +401,47 @@ using S_32x1024 = Config<1, 1, 1, 8, 4, 4>;
 using M32_64x512 = Config<2, 1, 2, 4, 4, 4>;
 using L_128x128_2cta = Config<4, 2, 4, 1, 4, 3, 2>;
 using L_64x128 = Config<2, 2, 4, 1, 4, 4>;
+// Deeper pipelines for small M (--small): more weight bytes in flight per SM.
+using N_6st = Config<1, 1, 2, 4, 4, 6, 1>;
+using N_8st = Config<1, 1, 2, 4, 4, 8, 1>;
+using W_8st = Config<1, 1, 4, 2, 4, 8, 1>;
+using S_32x512_6st = Config<1, 1, 1, 8, 2, 6, 1>;
+
+// --small: the M <= 16 variants under the clean (reading) flush that opforge
+// bench uses, beside the read-only floor of the same bytes.
+static void small_m(int sms) {
+  check_config<N_8st>("N_8st", sms);
+  check_config<W_8st>("W_8st", sms);
+  check_config<S_32x512_6st>("S_32x512_6st", sms);
+  const int shapes[3][2] = {{8192, 8192}, {4096, 11008}, {11008, 4096}};
+  for (const auto& s : shapes) {
+    const int K = s[0], N = s[1];
+    for (int gs : {-1, 128}) {
+      const Device weights = make_weights(K, N, gs);
+      const float read_clean =
+          median_us([&] { launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2); }, Flush::Clean);
+      for (int M : {1, 16}) {
+        Timed t = make_timed(M, K, N, gs, weights);
+        std::printf("small K=%5d N=%5d M=%3d %-9s read-only %6.2f us\n", K, N, M, gs > 0 ? "group128" : "channel", read_clean);
+        const std::vector<int> autos = {0}, some = {0, 1, 2};
+        time_config<Narrow>("Narrow", t, sms, autos, Flush::Clean);
+        time_config<Wide>("Wide", t, sms, autos, Flush::Clean);
+        time_config<N_6st>("N_6st", t, sms, some, Flush::Clean);
+        time_config<N_8st>("N_8st", t, sms, some, Flush::Clean);
+        time_config<W_8st>("W_8st", t, sms, some, Flush::Clean);
+        time_config<S_32x512_6st>("S_32x512_6st", t, sms, some, Flush::Clean);
+        release_timed(t);
+      }
+      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
+        if (ptr) CHECK(cudaFree(ptr));
+    }
+  }
+}
 
 int main(int argc, char** argv) {
   g_light = argc > 1 && std::strcmp(argv[1], "--sanitize") == 0;
   const bool check_only = g_light || (argc > 1 && std::strcmp(argv[1], "--check-only") == 0);
+  const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
   int dev = 0;
   CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
@@ -423,12 +460,18 @@ int main(int argc, char** argv) {
     std::printf(g_failures ? "%d FAILURES in the checks\n" : "all checks passed\n", g_failures);
     return g_failures ? 1 : 0;
   }
-  check_config<S_32x1024>("S_32x1024", sms);
-  check_config<L_128x128_2cta>("L_128x128_2cta", sms);
-
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
+  if (small) {
+    g_copy_gbps = 4200;  // the floor column only; measured below in the full run
+    small_m(sms);
+    std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
+    return g_failures ? 1 : 0;
+  }
+  check_config<S_32x1024>("S_32x1024", sms);
+  check_config<L_128x128_2cta>("L_128x128_2cta", sms);
+
   {
     const size_t bytes = size_t{1} << 30;
     void *src, *dst;
