@@ -323,6 +323,14 @@ qqq-bench)
     --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
   echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
   ;;
+profile-qqq)
+  # ncu summaries of qqq_gemm (issue 8's evidence) at M = 1 and 128, per channel and per group, K = N = 8192.
+  for c in "M=1 K=8192 N=8192 per channel" "M=1 K=8192 N=8192 group 128" "M=128 K=8192 N=8192 per channel" \
+           "M=128 K=8192 N=8192 group 128"; do
+    timeout 90 python3 -m opforge profile qqq_gemm --case "$c" --dtype float16
+  done > "$OUT/profile-qqq.txt" 2>&1
+  echo "profile rc=$?"; grep -E "^│|^┃|case" "$OUT/profile-qqq.txt" | cut -c1-170 | head -40
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
