@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from qqq_flush import median_us as synced_median_us  # one call at a time, synchronised after each
 
 import opforge
 from opforge.bench import Timer, input_sets
@@ -35,19 +36,6 @@ from opforge.check import generator
 from opforge.ops.qqq_gemm import make_args
 from opforge.quant import dequantize_weight_w4
 from opforge.spec import Sample
-
-
-def sync_each(timer: Timer, fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        timer._flush.sum()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -88,7 +76,7 @@ def main() -> None:
         for _ in range(3):
             torch.cuda._sleep(spin_2ms)
             held += run(10)
-        row = [statistics.median(batched), statistics.median(held), sync_each(timer, fn, 30)]
+        row = [statistics.median(batched), statistics.median(held), synced_median_us(fn, timer._flush.sum)]
         print(f"{name:34} {row[0]:8.2f} {row[1]:8.2f} {row[2]:8.2f} {host_us:9.1f}")
 
     print(f"\n{'M = 1, K = N = 8192, 200 calls':40} {'p25':>8} {'median':>8} {'p75':>8}")
