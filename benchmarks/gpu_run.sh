@@ -331,6 +331,26 @@ profile-qqq)
   done > "$OUT/profile-qqq.txt" 2>&1
   echo "profile rc=$?"; grep -E "^│|^┃|case" "$OUT/profile-qqq.txt" | cut -c1-170 | head -40
   ;;
+ncu-qqq)
+  # Where qqq_gemm's warps wait at M = 1 (per channel, per group): ncu's warp-state, scheduler and
+  # source-counter sections over the second call of each (benchmarks/qqq_once.py).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  timeout 240 "$ncu" -k regex:qqq_gemm_kernel --launch-skip 1 --launch-count 3 --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section SourceCounters --section Occupancy python3 benchmarks/qqq_once.py > "$OUT/ncu-qqq.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "qqq_gemm_kernel|Duration|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|stall|Stall|Branch Instructions Ratio|Achieved Occupancy" "$OUT/ncu-qqq.txt" | cut -c1-200 | head -60
+  ;;
+qqq-verify)
+  # After a qqq_gemm kernel change: qqq_tune's bit-exact checks and M <= 16 timings, the op's CUDA tests,
+  # ncu's view of M = 1 (summary and source counters), then the bench against fp16 matmul.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+    && timeout 200 /tmp/qqq_tune --small > "$OUT/qqq-small.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^check|FAIL" "$OUT/qqq-small.txt" | head -12; grep -E "Narrow|Wide|read-only" "$OUT/qqq-small.txt" | cut -c1-110
+  timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
+  echo "pytest qqq rc=$?"; tail -2 "$OUT/pytest-qqq.log"
+  bash "$0" profile-qqq | grep -E "^│|rc="
+  bash "$0" ncu-qqq | grep -E "Duration|rc="; grep -E "excessive" "$OUT/ncu-qqq.txt" | cut -c1-150
+  bash "$0" qqq-bench | tail -25
+  ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.
   for t in ${TESTS:-"tests/test_ops.py tests/test_fast.py tests/test_lltm.py tests/test_layout.py" "tests/test_new.py tests/test_examples.py" \
