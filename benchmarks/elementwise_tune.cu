@@ -296,72 +296,24 @@ void aligned_threads(const char* dtype) {
   }
 }
 
-// add through the aligned kernel's shape (one 16-byte vector per input per
-// thread, 256 threads) with cache hints on the loads and stores: plain, the
-// stores evict-first (st.global.cs), both loads and stores streaming
-// (ld.global.cs / st.global.cs), and loads through the read-only path. The
-// question: does keeping the output's lines out of L2's way let add's two input
-// streams run closer to eager's in the 2-byte types?
-enum class Hint { kPlain, kStoreCs, kBothCs, kLdgStoreCs };
+// add's variants for the hints and multi modes: VPT 16-byte vectors per input
+// per thread, one tile of Threads * VPT vectors per block, loads and stores
+// with cache hint H, the op's arithmetic (cu::apply_vec). Hints: plain; the
+// stores evict-first (st.global.cs); loads and stores streaming (ld.global.cs
+// / st.global.cs); loads through the read-only path, stores evict-first; loads
+// with the L2::256B prefetch (Hopper: the L2 fetches the 256-byte block around
+// each access). The questions: does keeping the output's lines out of L2's
+// way, more work per thread (PyTorch's shape for 2-byte types) or a wider L2
+// fetch move add's 2-byte types past eager?
+enum class Hint { kPlain, kStoreCs, kBothCs, kLdgStoreCs, kL2Prefetch };
 
-template <typename T, Hint H>
-__global__ void __launch_bounds__(256) add_hinted(const uint4* __restrict__ a, const uint4* __restrict__ b,
-                                                   uint4* __restrict__ o, uint32_t nvec) {
-  const uint32_t j = blockIdx.x * 256 + threadIdx.x;
-  if (j >= nvec) return;
-  uint4 x, y;
+template <Hint H>
+__device__ __forceinline__ uint4 load_hinted(const uint4* p) {
   if constexpr (H == Hint::kBothCs) {
-    x = __ldcs(a + j), y = __ldcs(b + j);
+    return __ldcs(p);
   } else if constexpr (H == Hint::kLdgStoreCs) {
-    x = __ldg(a + j), y = __ldg(b + j);
-  } else {
-    x = a[j], y = b[j];
-  }
-  constexpr int V = 16 / sizeof(T);
-  const T* xa = reinterpret_cast<const T*>(&x);
-  const T* ya = reinterpret_cast<const T*>(&y);
-  uint4 z;
-  T* za = reinterpret_cast<T*>(&z);
-#pragma unroll
-  for (int e = 0; e < V; ++e) za[e] = cu::from_opmath<T>(cu::to_opmath(xa[e]) + cu::to_opmath(ya[e]));
-  if constexpr (H == Hint::kPlain) {
-    o[j] = z;
-  } else {
-    __stcs(o + j, z);
-  }
-}
-
-template <typename T, Hint H>
-float hinted_us(int64_t n, T* a, T* b, T* o) {
-  const auto nvec = static_cast<uint32_t>(n * sizeof(T) / 16);
-  return median_us([&] {
-    add_hinted<T, H><<<(nvec + 255) / 256, 256>>>(reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b),
-                                                 reinterpret_cast<uint4*>(o), nvec);
-  });
-}
-
-template <typename T>
-void cache_hints(const char* dtype) {
-  for (int log2n : {26, 28}) {
-    AddBuffers<T> m(log2n);
-    const auto med = interleaved_medians({[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); },
-                                          [&] { return hinted_us<T, Hint::kPlain>(m.n, m.a, m.b, m.o); },
-                                          [&] { return hinted_us<T, Hint::kStoreCs>(m.n, m.a, m.b, m.o); },
-                                          [&] { return hinted_us<T, Hint::kBothCs>(m.n, m.a, m.b, m.o); },
-                                          [&] { return hinted_us<T, Hint::kLdgStoreCs>(m.n, m.a, m.b, m.o); }});
-    std::printf("add %-8s 2^%-3d op's kernel %7.1f us | plain %7.1f | st.cs %7.1f | ld.cs+st.cs %7.1f | ldg+st.cs %7.1f\n",
-                dtype, log2n, med[0], med[1], med[2], med[3], med[4]);
-  }
-}
-
-// add with VPT 16-byte vectors per input per thread and one tile per block
-// (Threads * VPT vectors), the shape PyTorch's vectorised loop takes for 2-byte
-// types, optionally with the L2::256B prefetch hint on the loads (Hopper: the
-// L2 fetches the 256-byte block around each access). The question: does more
-// work per thread, or a wider L2 fetch, move add's 2-byte types past eager?
-template <bool Prefetch>
-__device__ __forceinline__ uint4 load16(const uint4* p) {
-  if constexpr (Prefetch) {
+    return __ldg(p);
+  } else if constexpr (H == Hint::kL2Prefetch) {
     uint4 r;
     asm volatile("ld.global.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
@@ -372,44 +324,74 @@ __device__ __forceinline__ uint4 load16(const uint4* p) {
   }
 }
 
-template <typename T, int Threads, int VPT, bool Prefetch>
-__global__ void __launch_bounds__(Threads) add_multi(const uint4* __restrict__ a, const uint4* __restrict__ b,
-                                                      uint4* __restrict__ o, uint32_t nvec) {
+template <Hint H>
+__device__ __forceinline__ void store_hinted(uint4* p, uint4 v) {
+  if constexpr (H == Hint::kStoreCs || H == Hint::kBothCs || H == Hint::kLdgStoreCs) {
+    __stcs(p, v);
+  } else {
+    *p = v;
+  }
+}
+
+template <typename T, int Threads, int VPT, Hint H>
+__global__ void __launch_bounds__(Threads) add_variant(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                        uint4* __restrict__ o, uint32_t nvec) {
+  constexpr int V = 16 / sizeof(T);
+  using VecT = cu::Vec<T, V>;
   const uint32_t base = blockIdx.x * (Threads * VPT) + threadIdx.x;
-  uint4 x[VPT], y[VPT];
+  VecT in[VPT][2];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
     const uint32_t j = base + v * Threads;
-    if (j < nvec) x[v] = load16<Prefetch>(a + j), y[v] = load16<Prefetch>(b + j);
+    if (j < nvec) {
+      const uint4 x = load_hinted<H>(a + j), y = load_hinted<H>(b + j);
+      in[v][0] = *reinterpret_cast<const VecT*>(&x);
+      in[v][1] = *reinterpret_cast<const VecT*>(&y);
+    }
   }
-  constexpr int V = 16 / sizeof(T);
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
     const uint32_t j = base + v * Threads;
     if (j >= nvec) break;
-    const T* xa = reinterpret_cast<const T*>(&x[v]);
-    const T* ya = reinterpret_cast<const T*>(&y[v]);
-    uint4 z;
-    T* za = reinterpret_cast<T*>(&z);
-#pragma unroll
-    for (int e = 0; e < V; ++e) za[e] = cu::from_opmath<T>(cu::to_opmath(xa[e]) + cu::to_opmath(ya[e]));
-    o[j] = z;
+    VecT out[1];
+    cu::apply_vec<T, V, 2, 1>(in[v], out, cu::Binary<AddOp>{});
+    store_hinted<H>(o + j, *reinterpret_cast<const uint4*>(&out[0]));
   }
 }
 
-template <typename T, int Threads, int VPT, bool Prefetch>
-float multi_us(int64_t n, T* a, T* b, T* o) {
+template <typename T, int Threads, int VPT, Hint H>
+float variant_us(int64_t n, T* a, T* b, T* o) {
   const auto nvec = static_cast<uint32_t>(n * sizeof(T) / 16);
   return median_us([&] {
-    add_multi<T, Threads, VPT, Prefetch><<<(nvec + Threads * VPT - 1) / (Threads * VPT), Threads>>>(
+    add_variant<T, Threads, VPT, H><<<(nvec + Threads * VPT - 1) / (Threads * VPT), Threads>>>(
         reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b), reinterpret_cast<uint4*>(o), nvec);
   });
+}
+
+template <typename T>
+void cache_hints(const char* dtype) {
+  for (int log2n : {26, 28}) {
+    AddBuffers<T> m(log2n);
+    const auto med = interleaved_medians({[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); },
+                                          [&] { return variant_us<T, 256, 1, Hint::kPlain>(m.n, m.a, m.b, m.o); },
+                                          [&] { return variant_us<T, 256, 1, Hint::kStoreCs>(m.n, m.a, m.b, m.o); },
+                                          [&] { return variant_us<T, 256, 1, Hint::kBothCs>(m.n, m.a, m.b, m.o); },
+                                          [&] { return variant_us<T, 256, 1, Hint::kLdgStoreCs>(m.n, m.a, m.b, m.o); }});
+    std::printf("add %-8s 2^%-3d op's kernel %7.1f us | plain %7.1f | st.cs %7.1f | ld.cs+st.cs %7.1f | ldg+st.cs %7.1f\n",
+                dtype, log2n, med[0], med[1], med[2], med[3], med[4]);
+  }
 }
 
 template <typename T>
 void multi_vectors(const char* dtype) {
   for (int log2n : {26, 28}) {
     AddBuffers<T> m(log2n);
+    const std::vector<std::function<float()>> variants = {
+        [&] { return variant_us<T, 128, 2, Hint::kPlain>(m.n, m.a, m.b, m.o); },
+        [&] { return variant_us<T, 128, 4, Hint::kPlain>(m.n, m.a, m.b, m.o); },
+        [&] { return variant_us<T, 256, 2, Hint::kPlain>(m.n, m.a, m.b, m.o); },
+        [&] { return variant_us<T, 256, 1, Hint::kL2Prefetch>(m.n, m.a, m.b, m.o); },
+        [&] { return variant_us<T, 128, 2, Hint::kL2Prefetch>(m.n, m.a, m.b, m.o); }};
     if (log2n == 26) {
       // Each variant's every output element, bit for bit, against the op's kernel's.
       T* want = nullptr;
@@ -418,14 +400,9 @@ void multi_vectors(const char* dtype) {
       std::vector<uint8_t> ref(m.n * sizeof(T)), got(m.n * sizeof(T));
       CHECK(cudaMemcpy(ref.data(), want, ref.size(), cudaMemcpyDeviceToHost));
       CHECK(cudaFree(want));
-      const std::vector<std::function<float()>> all = {[&] { return multi_us<T, 128, 2, false>(m.n, m.a, m.b, m.o); },
-                                                        [&] { return multi_us<T, 128, 4, false>(m.n, m.a, m.b, m.o); },
-                                                        [&] { return multi_us<T, 256, 2, false>(m.n, m.a, m.b, m.o); },
-                                                        [&] { return multi_us<T, 256, 1, true>(m.n, m.a, m.b, m.o); },
-                                                        [&] { return multi_us<T, 128, 2, true>(m.n, m.a, m.b, m.o); }};
-      for (size_t k = 0; k < all.size(); ++k) {
+      for (size_t k = 0; k < variants.size(); ++k) {
         CHECK(cudaMemset(m.o, 0xFF, m.n * sizeof(T)));
-        all[k]();
+        variants[k]();
         CHECK(cudaMemcpy(got.data(), m.o, got.size(), cudaMemcpyDeviceToHost));
         if (std::memcmp(got.data(), ref.data(), got.size()) != 0) {
           std::printf("FAIL add %s variant %zu differs from the op's kernel\n", dtype, k);
@@ -433,12 +410,9 @@ void multi_vectors(const char* dtype) {
         }
       }
     }
-    const auto med = interleaved_medians({[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); },
-                                          [&] { return multi_us<T, 128, 2, false>(m.n, m.a, m.b, m.o); },
-                                          [&] { return multi_us<T, 128, 4, false>(m.n, m.a, m.b, m.o); },
-                                          [&] { return multi_us<T, 256, 2, false>(m.n, m.a, m.b, m.o); },
-                                          [&] { return multi_us<T, 256, 1, true>(m.n, m.a, m.b, m.o); },
-                                          [&] { return multi_us<T, 128, 2, true>(m.n, m.a, m.b, m.o); }});
+    std::vector<std::function<float()>> timed = {[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); }};
+    timed.insert(timed.end(), variants.begin(), variants.end());
+    const auto med = interleaved_medians(timed);
     std::printf("add %-8s 2^%-3d op's kernel %7.1f us | 128x2 %7.1f | 128x4 %7.1f | 256x2 %7.1f | 256x1 L2::256B %7.1f | "
                 "128x2 L2::256B %7.1f\n",
                 dtype, log2n, med[0], med[1], med[2], med[3], med[4], med[5]);
