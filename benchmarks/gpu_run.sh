@@ -24,6 +24,17 @@ OUT=${OUT:-/tmp/opforge-out}
 export CXX=${OPFORGE_GPU_CXX:-g++} CC=${OPFORGE_GPU_CC:-gcc} CUDAHOSTCXX=${OPFORGE_GPU_CXX:-g++}
 mkdir -p "$OUT"
 opforge() { python3 -m opforge "$@"; }
+# A tuning driver, benchmarks/NAME.cu (pure CUDA, sm_90a), built into /tmp/NAME; more nvcc arguments after NAME.
+build_driver() { local name=$1; shift; nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a "benchmarks/$name.cu" "$@" -o "/tmp/$name"; }
+# gemm_tune's cuBLAS flags, into the array blas: the toolkit's headers, else pip's nvidia-cublas.
+cublas_flags() {
+  blas=(-lcublas)
+  if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
+    cu13=$(python3 -c "import nvidia.cu13, os; print(os.path.dirname(nvidia.cu13.__file__))" 2>/dev/null) \
+      || cu13=$(python3 -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")
+    blas=(-I"$cu13/include" -L"$cu13/lib" -l:libcublas.so.13 -Xlinker -rpath="$cu13/lib")
+  fi
+}
 # The device tool's copy of the tree has no history of its own: the commit it was made from
 # comes along in .gpu-commit (carried; written by `git rev-parse HEAD`, +dirty for local edits).
 [ -f .gpu-commit ] && export OPFORGE_GIT_COMMIT=$(cat .gpu-commit)
@@ -34,15 +45,9 @@ opforge() { python3 -m opforge "$@"; }
   nvcc --version | tail -1
 } 2>&1 | tee "$OUT/env.txt"
 if [ "${1:-}" = gemm ]; then
-  # Standalone CUDA + cuBLAS: no op library needed. cuBLAS headers from the toolkit, else from pip's nvidia-cublas.
-  blas=(-lcublas)
-  if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
-    cu13=$(python3 -c "import nvidia.cu13, os; print(os.path.dirname(nvidia.cu13.__file__))" 2>/dev/null) \
-      || cu13=$(python3 -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")
-    blas=(-I"$cu13/include" -L"$cu13/lib" -l:libcublas.so.13 -Xlinker -rpath="$cu13/lib")
-  fi
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/gemm_tune.cu "${blas[@]}" \
-    -o /tmp/gemm_tune > "$OUT/gemm-build.log" 2>&1 || { tail -30 "$OUT/gemm-build.log"; exit 1; }
+  # Standalone CUDA + cuBLAS: no op library needed.
+  cublas_flags
+  build_driver gemm_tune -Xptxas -v "${blas[@]}" > "$OUT/gemm-build.log" 2>&1 || { tail -30 "$OUT/gemm-build.log"; exit 1; }
   echo "gemm_tune built; HGMMA in its SASS: $(cuobjdump -sass /tmp/gemm_tune | grep -c HGMMA)," \
     "spilling kernels: $(grep -cE '[1-9][0-9]* bytes spill stores' "$OUT/gemm-build.log")"
   timeout ${GEMM_TIMEOUT:-240} /tmp/gemm_tune ${GEMM_ARGS:-} > "$OUT/gemm-tune.txt" 2>&1
@@ -87,7 +92,7 @@ bench)
     2>&1 | tee "$OUT/bench-graph.log" | grep -E "2\^(16|20) "
   ;;
 kernels)
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+  build_driver elementwise_tune \
     && /tmp/elementwise_tune 2>&1 | tee "$OUT/elementwise-tune.txt"
   python3 -m pytest tests/test_ops.py tests/test_layout.py tests/test_fast.py -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-kernels.log" | tail -3
   python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" 2>&1 | tee "$OUT/host-overhead.log"
@@ -108,7 +113,7 @@ final)
   ;;
 memlimit)
   # At most 8 files come back from $OUT: tune.txt, pytest.log, bench.json, bench.log, small.json, lltm.json, lltm-graph.json.
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+  build_driver elementwise_tune \
     && timeout 120 /tmp/elementwise_tune sigmoid small 2>&1 | tee "$OUT/tune.txt"
   python3 benchmarks/host_overhead.py 2>&1 | tee -a "$OUT/tune.txt"
   timeout 200 python3 -m opforge bench add add_out square sigmoid sigmoid_backward axpby axpby_backward --device cuda --seed 1 --sweep \
@@ -121,7 +126,7 @@ memlimit)
   ;;
 recheck)
   # After a kernel change: small-size device time, large sizes vs eager, then the CUDA tests.
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+  build_driver elementwise_tune \
     && timeout 60 /tmp/elementwise_tune small 2>&1 | tee "$OUT/tune.txt"
   python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" 2>&1 | grep -v Warn | tee -a "$OUT/tune.txt"
   timeout 120 python3 -m opforge bench add square sigmoid axpby --device cuda --seed 1 --sweep --case 2^26,2^28 --budget 0.1 \
@@ -201,7 +206,7 @@ sanitize-tune)
   timeout 200 python3 -m pytest tests/test_check.py tests/test_profile.py -q -p no:cacheprovider -m cuda > "$OUT/pytest.log" 2>&1
   echo "check/profile CUDA tests rc=$?"; tail -2 "$OUT/pytest.log"
   wait $san; echo "sanitize rc=$?"; grep -E "^│|tools" "$OUT/sanitize.txt"
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+  build_driver elementwise_tune \
     && timeout 120 /tmp/elementwise_tune aligned 2>&1 | tee "$OUT/tune.txt"
   ;;
 initcheck-filter)
@@ -219,13 +224,8 @@ initcheck-filter)
 gemm-splitk)
   # Issue 7's split-K and workspace: the CUDA tests of gemm beside gemm_tune's build and initcheck's kernel
   # filter forms, then gemm_tune's SIMT variants (checks + times against cuBLAS), then the op's float32 bench.
-  blas=(-lcublas)
-  if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
-    cu13=$(python3 -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")
-    blas=(-I"$cu13/include" -L"$cu13/lib" -l:libcublas.so.13 -Xlinker -rpath="$cu13/lib")
-  fi
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/gemm_tune.cu "${blas[@]}" \
-    -o /tmp/gemm_tune > "$OUT/gemm-build.log" 2>&1 &
+  cublas_flags
+  build_driver gemm_tune -Xptxas -v "${blas[@]}" > "$OUT/gemm-build.log" 2>&1 &
   nv=$!
   for f in kns=at::native::reduce_kernel kns=_ZN2at6native13reduce_kernel; do
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 compute-sanitizer --tool initcheck --kernel-name-exclude $f python3 -c \
@@ -277,7 +277,7 @@ benches)
 final-check)
   # add's cache hints (quiet GPU), ncu summaries of gemm, then the sanitizer over gemm and qqq_gemm (split-K,
   # the ATen workspace) beside the CUDA tests of every op and the fast path.
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+  build_driver elementwise_tune \
     && timeout 90 /tmp/elementwise_tune hints 2>&1 | tee "$OUT/tune-hints.txt"
   { timeout 60 python3 -m opforge profile gemm --case 16x8192x8192 --dtype float32
     timeout 60 python3 -m opforge profile gemm --case 4096^3 --dtype bfloat16; } > "$OUT/profile-gemm.txt" 2>&1
@@ -291,17 +291,13 @@ final-check)
   ;;
 drivers)
   # The three tuning drivers after sharing tune_common.cuh: build, checks, a short timing each.
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+  build_driver elementwise_tune \
     && timeout 60 /tmp/elementwise_tune hints 2>&1 | tail -7
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+  build_driver qqq_tune \
     && timeout 120 /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1; echo "qqq_tune rc=$?"
   grep -E "^(check|FAIL|all checks)|read" "$OUT/qqq-tune.txt" | head -12
-  blas=(-lcublas)
-  if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
-    cu13=$(python3 -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")
-    blas=(-I"$cu13/include" -L"$cu13/lib" -l:libcublas.so.13 -Xlinker -rpath="$cu13/lib")
-  fi
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/gemm_tune.cu "${blas[@]}" -o /tmp/gemm_tune \
+  cublas_flags
+  build_driver gemm_tune "${blas[@]}" \
     && timeout 150 /tmp/gemm_tune --only simt16x64x32 > "$OUT/gemm-tune.txt" 2>&1; echo "gemm_tune rc=$?"
   grep -E "^correctness:|^FAIL|^16x8192x8192 +float32" "$OUT/gemm-tune.txt" | head -12
   ;;
@@ -309,10 +305,10 @@ explore)
   # Session 14's questions: is the bench timing host gaps (bench_timing.py), do deeper pipelines stream
   # qqq_gemm's weights faster at small M (qqq_tune --small), does more work per thread move add's 2-byte types.
   timeout 120 python3 benchmarks/bench_timing.py 2>&1 | tee "$OUT/bench-timing.txt"
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+  build_driver qqq_tune \
     && timeout 200 /tmp/qqq_tune --small > "$OUT/qqq-small.txt" 2>&1; echo "qqq_tune rc=$?"
   grep -vE "^check" "$OUT/qqq-small.txt" | cut -c1-120; grep -E "FAIL" "$OUT/qqq-small.txt" | head -5
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/elementwise_tune.cu -o /tmp/elementwise_tune \
+  build_driver elementwise_tune \
     && timeout 120 /tmp/elementwise_tune multi 2>&1 | tee "$OUT/elementwise-multi.txt"
   ;;
 qqq-bench)
@@ -342,7 +338,7 @@ ncu-qqq)
 qqq-verify)
   # After a qqq_gemm kernel change: qqq_tune's bit-exact checks and M <= 16 timings, the op's CUDA tests,
   # ncu's view of M = 1 (summary and source counters), then the bench against fp16 matmul.
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+  build_driver qqq_tune \
     && timeout 200 /tmp/qqq_tune --small > "$OUT/qqq-small.txt" 2>&1; echo "qqq_tune rc=$?"
   grep -E "^check|FAIL" "$OUT/qqq-small.txt" | head -12; grep -E "Narrow|Wide|read-only" "$OUT/qqq-small.txt" | cut -c1-110
   timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
@@ -377,7 +373,7 @@ routes)
     -k "not fresh_venv" 2>&1 | tee "$OUT/pytest-routes.log" | tail -3
   ;;
 qqq)
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a benchmarks/qqq_tune.cu -o /tmp/qqq_tune \
+  build_driver qqq_tune \
     && timeout ${QQQ_TUNE_S:-80} /tmp/qqq_tune > "$OUT/qqq-tune.txt" 2>&1
   echo "qqq_tune rc=$?"; grep -E "^(check|FAIL|device|all checks)" "$OUT/qqq-tune.txt" | head -20
   timeout ${QQQ_TEST_S:-75} python3 -m pytest tests/test_qqq.py tests/test_ops.py -k "qqq" -q -p no:cacheprovider \
