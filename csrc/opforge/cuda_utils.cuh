@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "opforge/dtype.h"
@@ -89,10 +90,12 @@ constexpr int kUnroll = 1;
 // No cap in practice: the grid-stride loop stays only for grids past CUDA's limit.
 constexpr int kBlocksPerSm = 1 << 24;
 
+// Devices the per-device caches below hold; a device past it is asked every time.
+constexpr int kMaxDevices = 64;
+
 // Multiprocessors of the current device; cached, since a launch is a few
 // microseconds and two driver queries a call would be a visible part of it.
 inline int sm_count() {
-  constexpr int kMaxDevices = 64;
   static int cached[kMaxDevices] = {};
   int device = 0;
   cudaGetDevice(&device);
@@ -125,6 +128,29 @@ inline const char* error_string(cudaError_t err) { return err == cudaSuccess ? n
 
 // nullptr on success, else CUDA's message for the launch error.
 inline const char* last_error() { return error_string(cudaGetLastError()); }
+
+// A kernel that wants more than 48 KB of dynamic shared memory must say so,
+// once per device (the attribute is per device and per function): each kernel
+// (the template argument) keeps its own flags. `static`: opforge's library and
+// a user's build of the same sources (examples/gemm, examples/qqq_gemm) name
+// their kernels alike, and one process-wide flag (what an inline function's
+// static local becomes: a GNU unique symbol) would let the second library
+// skip the opt-in for its own kernel, whose launch then fails ("invalid
+// argument", seen on the H200).
+template <auto kernel>
+static const char* allow_smem(int bytes) {
+  static std::atomic<int> done[kMaxDevices];  // the byte count set, 0: not yet
+  if (bytes <= 48 * 1024) return nullptr;
+  int dev = 0;
+  if (const char* e = error_string(cudaGetDevice(&dev))) return e;
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached && done[dev].load(std::memory_order_acquire) >= bytes) return nullptr;
+  if (const char* e = error_string(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes))) {
+    return e;
+  }
+  if (cached) done[dev].store(bytes, std::memory_order_release);
+  return nullptr;
+}
 
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Vec {

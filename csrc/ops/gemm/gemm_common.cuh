@@ -70,7 +70,8 @@ struct DeviceInfo {
   int max_smem_optin = 0;
 };
 
-constexpr int kMaxDevices = 64;
+using cuda::allow_smem;
+using cuda::kMaxDevices;
 
 inline const char* device_info(DeviceInfo& out) {
   static DeviceInfo cache[kMaxDevices];
@@ -96,27 +97,6 @@ inline const char* device_info(DeviceInfo& out) {
     ready[dev].store(true, std::memory_order_release);
   }
   out = info;
-  return nullptr;
-}
-
-// A kernel that wants more than 48 KB of dynamic shared memory must say so,
-// once per device (the attribute is per device and per function): each kernel
-// (the template argument) keeps its own flags. `static`, as resident_ctas:
-// opforge's library and a user's build of these same sources (examples/gemm)
-// name their kernels alike, and one process-wide flag would let the second
-// library skip the opt-in for its own kernel, whose launch then fails.
-template <auto kernel>
-static const char* allow_smem(int bytes) {
-  static std::atomic<int> done[kMaxDevices];  // the byte count set, 0: not yet
-  if (bytes <= 48 * 1024) return nullptr;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  if (cached && done[dev].load(std::memory_order_acquire) >= bytes) return nullptr;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  if (cached) done[dev].store(bytes, std::memory_order_release);
   return nullptr;
 }
 

@@ -28,10 +28,8 @@
 
 // Everything here has internal linkage (the anonymous namespace): a second
 // library built from these sources (examples/qqq_gemm's extension) must not
-// share a symbol with opforge's. Measured on the H200: as inline functions,
-// launch()'s function-local "opted in" flag became one process-wide (GNU
-// unique) object, the extension's launch set it, and opforge's own kernel then
-// ran without its shared-memory opt-in: "invalid argument".
+// share a symbol with opforge's (cuda::allow_smem says what went wrong on the
+// H200 when one did).
 namespace opforge::qqq {
 namespace {
 
@@ -463,18 +461,8 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   if (plan.splits > 1) {
     if (const char* e = cuda::error_string(cudaMemsetAsync(p.counters, 0, plan.counters_bytes, s))) return e;
   }
-  auto kernel = qqq_gemm_kernel<C, GROUPED>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
-  constexpr int kMaxDevices = 64;
-  static bool opted_in[kMaxDevices] = {};
-  int device = 0;
-  if (const char* e = cuda::error_string(cudaGetDevice(&device))) return e;
-  if (device >= kMaxDevices || !opted_in[device]) {
-    if (const char* e = cuda::error_string(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM))) {
-      return e;
-    }
-    if (device < kMaxDevices) opted_in[device] = true;  // a race sets it twice: harmless
-  }
+  constexpr auto kernel = qqq_gemm_kernel<C, GROUPED>;
+  if (const char* e = cuda::allow_smem<kernel>(C::SMEM)) return e;
   kernel<<<static_cast<unsigned>(blocks), kThreads, C::SMEM, s>>>(p);
   return cuda::error_string(cudaGetLastError());
 }
