@@ -331,21 +331,35 @@ ncu-qqq)
   # Where qqq_gemm's warps wait at M = 1 (per channel, per group): ncu's warp-state, scheduler and
   # source-counter sections over the second call of each (benchmarks/qqq_once.py).
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-  timeout 240 "$ncu" -k regex:qqq_gemm_kernel --launch-skip 1 --launch-count 3 --section SpeedOfLight --section WarpStateStats \
+  timeout 240 "$ncu" -k regex:qqq_ --launch-skip 1 --launch-count 3 --section SpeedOfLight --section WarpStateStats \
     --section SchedulerStats --section SourceCounters --section Occupancy python3 benchmarks/qqq_once.py > "$OUT/ncu-qqq.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "qqq_gemm_kernel|Duration|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|stall|Stall|Branch Instructions Ratio|Achieved Occupancy" "$OUT/ncu-qqq.txt" | cut -c1-200 | head -60
+  echo "ncu rc=$?"; grep -E "qqq_(gemm|direct)_kernel|Duration|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|stall|Stall|Branch Instructions Ratio|Achieved Occupancy" "$OUT/ncu-qqq.txt" | cut -c1-200 | head -60
+  ;;
+qqq-direct)
+  # The weights straight into registers at M <= 32 (qqq_tune --direct): bit-exact checks of the
+  # direct variants, then their times beside the op's staged tiles and the read-only floor.
+  build_driver qqq_tune \
+    && timeout 300 /tmp/qqq_tune --direct > "$OUT/qqq-direct.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^check|FAIL" "$OUT/qqq-direct.txt" | head -12; grep -vE "^check" "$OUT/qqq-direct.txt" | cut -c1-110
+  ;;
+ncu-direct)
+  # Kernel-only durations (ncu) at M = 1, K = N = 8192: the read-only kernel, the staged Narrow tile and
+  # the direct kernels, per channel and per group (qqq_tune --ncu).
+  build_driver qqq_tune || exit 1
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  timeout 240 "$ncu" --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats /tmp/qqq_tune --ncu > "$OUT/ncu-direct.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|Dynamic Shared" "$OUT/ncu-direct.txt" | cut -c1-150
   ;;
 qqq-verify)
-  # After a qqq_gemm kernel change: qqq_tune's bit-exact checks and M <= 16 timings, the op's CUDA tests,
-  # ncu's view of M = 1 (summary and source counters), then the bench against fp16 matmul.
-  build_driver qqq_tune \
-    && timeout 200 /tmp/qqq_tune --small > "$OUT/qqq-small.txt" 2>&1; echo "qqq_tune rc=$?"
-  grep -E "^check|FAIL" "$OUT/qqq-small.txt" | head -12; grep -E "Narrow|Wide|read-only" "$OUT/qqq-small.txt" | cut -c1-110
+  # After a qqq_gemm kernel change: qqq_tune's bit-exact checks and the M <= 16 timings (the op's
+  # launcher among them, qqq_tune --direct), then the op's CUDA tests and its example's.
+  bash "$0" qqq-direct | grep -E "rc=|^check|FAIL"
   timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
   echo "pytest qqq rc=$?"; tail -2 "$OUT/pytest-qqq.log"
-  bash "$0" profile-qqq | grep -E "^│|rc="
-  bash "$0" ncu-qqq | grep -E "Duration|rc="; grep -E "excessive" "$OUT/ncu-qqq.txt" | cut -c1-150
-  bash "$0" qqq-bench | tail -25
+  timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k qqq > "$OUT/pytest-examples.log" 2>&1
+  echo "examples qqq CUDA rc=$?"; tail -2 "$OUT/pytest-examples.log"
+  grep -E "^(small|time|op )" "$OUT/qqq-direct.txt" | cut -c1-130
   ;;
 cudatests|cudatests-only)
   # Every CUDA-marked test, in groups that each report even if a later one runs out of time.

@@ -250,7 +250,7 @@ static void check_config(const char* name, int sms) {
 // The op's launcher itself (configuration and splits chosen per call) on the same cases.
 static void check_op_launcher(int sms) {
   (void)sms;
-  const int cases[][4] = {{1, 8192, 256, -1}, {16, 4096, 1024, 128}, {33, 11008, 128, 128}, {59, 256, 1024, -1},
+  const int cases[][4] = {{1, 8192, 256, -1}, {5, 2048, 8192, -1}, {16, 4096, 4096, -1}, {16, 4096, 1024, 128}, {33, 11008, 128, 128}, {59, 256, 1024, -1},
                           {64, 1024, 512, 128}, {64, 1024, 512, -1}, {128, 1024, 4096, 128}, {200, 512, 96, -1}, {7, 0, 64, -1}};
   int ok = 0, runs = 0;
   for (const auto& c : cases) {
@@ -382,6 +382,8 @@ static void time_config(const char* name, Timed& t, int sms, const std::vector<i
 // The op's own launcher under each flush, against reading the packed weights alone.
 static void time_op(Timed& t, float read_dirty, float read_clean) {
   const Problem& p = t.p;
+  if (t.d.ws) CHECK(cudaFree(t.d.ws));
+  t.d.ws = nullptr;
   t.d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs > 0));
   if (t.d.ws_bytes) CHECK(cudaMalloc(&t.d.ws, t.d.ws_bytes));
   const QqqGemmArgs args = args_of(p, t.d, DType::Float16);
@@ -406,6 +408,65 @@ using N_6st = Config<1, 1, 2, 4, 4, 6, 1>;
 using N_8st = Config<1, 1, 2, 4, 4, 8, 1>;
 using W_8st = Config<1, 1, 4, 2, 4, 8, 1>;
 using S_32x512_6st = Config<1, 1, 1, 8, 2, 6, 1>;
+
+// Weights straight into registers (qqq_direct_kernel), --direct:
+// <MBW, 1, WN, WK, 4, units ahead, MINB, true>.
+using D_2x4_12 = Config<1, 1, 2, 4, 4, 12, 1, true>;
+using D_4x2_8 = Config<1, 1, 4, 2, 4, 8, 1, true>;
+
+static void direct_m(int sms) {
+  check_config<D_2x4_12>("D_2x4_12", sms);
+  check_config<D_4x2_8>("D_4x2_8", sms);
+  if (g_failures) return;
+  const int shapes[3][2] = {{8192, 8192}, {4096, 11008}, {11008, 4096}};
+  for (const auto& s : shapes) {
+    const int K = s[0], N = s[1];
+    for (int gs : {-1, 128}) {
+      const Device weights = make_weights(K, N, gs);
+      const float read_clean =
+          median_us([&] { launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2); }, Flush::Clean);
+      // What a split's counter memset adds in front of a kernel.
+      const float memset_read = median_us(
+          [&] {
+            CHECK(cudaMemsetAsync(g_flush, 0, 1024));
+            launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2);
+          },
+          Flush::Clean);
+      std::printf("memset K=%5d N=%5d read-only %6.2f us, after a 1 KB memset %6.2f us\n", K, N, read_clean, memset_read);
+      for (int M : {1, 8, 16}) {
+        Timed t = make_timed(M, K, N, gs, weights);
+        std::printf("small K=%5d N=%5d M=%3d %-9s read-only %6.2f us\n", K, N, M, gs > 0 ? "group128" : "channel", read_clean);
+        const std::vector<int> autos = {0}, some = {0, 1, 2};
+        time_config<Narrow>("Narrow", t, sms, autos, Flush::Clean);
+        time_config<Wide>("Wide", t, sms, autos, Flush::Clean);
+        time_config<DirectPair>("DirectPair", t, sms, some, Flush::Clean);
+        time_config<DirectStripe>("DirectStripe", t, sms, some, Flush::Clean);
+        time_config<D_2x4_12>("D_2x4_12", t, sms, autos, Flush::Clean);
+        time_config<D_4x2_8>("D_4x2_8", t, sms, some, Flush::Clean);
+        time_op(t, 0, read_clean);
+        release_timed(t);
+      }
+      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
+        if (ptr) CHECK(cudaFree(ptr));
+    }
+  }
+}
+
+// --ncu: one call each (after a warm-up) of the read-only kernel and the M = 1
+// kernels at K = N = 8192, for ncu's kernel-only durations.
+static void ncu_m1(int sms) {
+  for (int gs : {-1, 128}) {
+    const Device weights = make_weights(8192, 8192, gs);
+    Timed t = make_timed(1, 8192, 8192, gs, weights);
+    for (int rep = 0; rep < 2; ++rep) {
+      launch_stream_read(weights.w, size_t{8192} * 8192 / 2);
+      run<Narrow>(t.p, t.d, DType::Float16, 0, sms);
+      run<DirectPair>(t.p, t.d, DType::Float16, 0, sms);
+    }
+    CHECK(cudaDeviceSynchronize());
+    release_timed(t);
+  }
+}
 
 // --small: the M <= 16 variants under the clean (reading) flush that opforge
 // bench uses, beside the read-only floor of the same bytes.
@@ -442,6 +503,15 @@ int main(int argc, char** argv) {
   g_light = argc > 1 && std::strcmp(argv[1], "--sanitize") == 0;
   const bool check_only = g_light || (argc > 1 && std::strcmp(argv[1], "--check-only") == 0);
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
+  const bool direct = argc > 1 && std::strcmp(argv[1], "--direct") == 0;
+  if (argc > 1 && std::strcmp(argv[1], "--ncu") == 0) {
+    int dev = 0;
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+    CHECK(cudaMalloc(&g_sink, 4));
+    ncu_m1(g_sms);
+    return 0;
+  }
   int dev = 0;
   CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
@@ -451,6 +521,8 @@ int main(int argc, char** argv) {
 
   check_config<Narrow>("Narrow (op, M<=16)", sms);
   check_config<Wide>("Wide (op, M<=16)", sms);
+  check_config<DirectStripe>("DirectStripe (op, M<=16)", sms);
+  check_config<DirectPair>("DirectPair (op, M<=16)", sms);
   check_config<M32>("M32 (op)", sms);
   check_config<M64Channel>("M64Channel (op)", sms);
   check_config<M64Group>("M64Group (op)", sms);
@@ -463,9 +535,10 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
-  if (small) {
+  if (small || direct) {
     g_copy_gbps = 4200;  // the floor column only; measured below in the full run
-    small_m(sms);
+    if (small) small_m(sms);
+    if (direct) direct_m(sms);
     std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
     return g_failures ? 1 : 0;
   }

@@ -298,6 +298,8 @@ def test_qqq_linear_under_torch_compile():
     "M, K, N",
     [
         (1, 8192, 256),
+        (5, 2048, 8192),  # M <= 16 per channel, one wave of two-stripe CTAs: the direct kernel
+        (16, 4096, 4096),  # the same with one stripe per CTA
         (16, 4096, 1024),
         (33, 11008, 128),
         (59, 256, 11008),

@@ -20,6 +20,19 @@ using qqq::Plan;
 // The launcher models both (make_plan) and takes the cheaper.
 using Narrow = Config<1, 1, 2, 4, 4, 4>;  // M <= 16
 using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
+// M <= 16 per channel: the weights straight into registers (qqq_direct_kernel),
+// 8 units ahead, the CTA's K range of activations in shared memory; one
+// stripe per CTA with 8 warps along K when the stripes fit in one wave, two
+// with 4 warps each otherwise. H200, qqq_tune --direct (benchmarks/results/
+// qqq-direct_nvidia-h200_2026-11-23.txt), M = 1: K = N = 8192 14.9 us
+// (Narrow 16.3), 4096 x 11008 12.4 (Wide 13.3), 11008 x 4096 12.8 (Narrow
+// 14.8). Only without a split: a split's counter memset and partial sums cost
+// 2-5 us there, more than the direct kernel gains, and the staged tiles
+// split better. Per group it is no faster (the group scales' arithmetic, not
+// the loads, is the bound: 20.2 against 21.1 us at M = 1 and 23.7 against
+// 22.7 at M = 16, K = N = 8192), so per group keeps the staged tiles.
+using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true>;
+using DirectPair = Config<1, 1, 2, 4, 4, 8, 1, true>;
 // 32 rows, 128 x 256 per stage: 25.1 us at K = N = 8192 (64 x 256: 26.9, two
 // warps along M: 26.2).
 using M32 = Config<2, 1, 4, 2, 4, 4>;
@@ -38,6 +51,15 @@ template <class F>
 auto with_plan(int64_t M, int64_t N, int64_t K, bool grouped, F&& f) {
   // Cached per device (cuda_utils.cuh): the plan runs on every call.
   const int sms = cuda::sm_count();
+  if (M <= 16 && !grouped) {
+    if (N / 32 <= sms) {
+      const Plan direct = qqq::make_plan<DirectStripe>(M, N, K, sms);
+      if (direct.splits == 1) return f(DirectStripe{}, direct);
+    } else {
+      const Plan direct = qqq::make_plan<DirectPair>(M, N, K, sms);
+      if (direct.splits == 1) return f(DirectPair{}, direct);
+    }
+  }
   if (M <= 16) {
     int64_t cost_narrow = 0, cost_wide = 0;
     const Plan narrow = qqq::make_plan<Narrow>(M, N, K, sms, 0, &cost_narrow);

@@ -14,12 +14,15 @@
 // K (split-K, sized from the SM count) leave int32 partial tiles in a
 // workspace, and the last one to arrive (an atomic counter per tile) adds them
 // and runs the epilogue. Integer sums are exact, so the order of arrival
-// cannot change a bit of the result.
+// cannot change a bit of the result. At M <= 16 per channel a second kernel,
+// qqq_direct_kernel, loads the weights straight into registers instead of
+// staging them; both end in finish().
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "opforge/cuda_utils.cuh"
@@ -36,7 +39,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-template <int MBW_, int WM_, int WN_, int WK_, int UK_, int STAGES_, int MINB_ = 2>
+template <int MBW_, int WM_, int WN_, int WK_, int UK_, int STAGES_, int MINB_ = 2, bool DIRECT_ = false>
 struct Config {
   static constexpr int MBW = MBW_;        // m16 blocks per warp
   static constexpr int WM = WM_;          // warps along M
@@ -45,6 +48,10 @@ struct Config {
   static constexpr int UK = UK_;          // k32 units per warp per stage
   static constexpr int STAGES = STAGES_;  // cp.async pipeline depth
   static constexpr int MINB = MINB_;      // CTAs per SM the registers must allow
+  // DIRECT: qqq_direct_kernel (weights from global memory straight into
+  // registers, STAGES units ahead; the activations of the CTA's K range in
+  // shared memory, loaded once) instead of the cp.async stage pipeline.
+  static constexpr bool DIRECT = DIRECT_;
   static_assert(WM * WN * WK == kWarps, "8 warps per CTA");
   static constexpr int BM = 16 * MBW * WM;
   static constexpr int BN = 32 * WN;
@@ -70,6 +77,7 @@ struct Params {
   int M, N, K, group_size;
   DType out_dtype;
   int tiles_m, tiles_n, splits, k_iters;
+  int a_stride;       // qqq_direct_kernel: bytes per activation row in shared memory
   int32_t* counters;  // [tiles_m * tiles_n], zero on entry, zero again on exit
   int32_t* flags;     // [tiles * splits]: a bad group scale seen by that split
   int32_t* partials;  // [tiles][splits][WM * WN][ACC][32]
@@ -120,6 +128,114 @@ __device__ __forceinline__ void dequant_group(uint32_t w, uint32_t s, uint32_t c
 
 // --- the kernel ---
 
+// What every kernel does after its main loop: the warps that split K inside
+// the CTA add up through shared memory (after a barrier, which the caller has
+// passed), the CTAs that split K meet in the workspace (the last to arrive adds
+// the others' partials), and warps wk == 0 write the output.
+template <class C, bool GROUPED>
+__device__ __forceinline__ void finish(const Params& p, int32_t (&acc)[C::MBW][4][4], uint32_t bad, uint8_t* smem,
+                                       int& s_last, int tile, int split, int m0, int n0, int wm, int wn, int wk,
+                                       int lane, bool stripe_ok) {
+  const int wmn = wm * C::WN + wn;
+  int32_t* flat = &acc[0][0][0];
+  if constexpr (C::WK > 1) {
+    int32_t* red = reinterpret_cast<int32_t*>(smem);
+    if (wk > 0) {
+#pragma unroll
+      for (int r = 0; r < C::ACC; ++r) red[(((wk - 1) * C::WM * C::WN + wmn) * C::ACC + r) * 32 + lane] = flat[r];
+    }
+    __syncthreads();
+    if (wk == 0) {
+#pragma unroll
+      for (int w2 = 1; w2 < C::WK; ++w2)
+#pragma unroll
+        for (int r = 0; r < C::ACC; ++r) flat[r] += red[(((w2 - 1) * C::WM * C::WN + wmn) * C::ACC + r) * 32 + lane];
+    }
+  }
+
+  if (p.splits > 1) {
+    constexpr int kTileInts = C::WM * C::WN * C::ACC * 32;
+    int32_t* mine = p.partials + (static_cast<int64_t>(tile) * p.splits + split) * kTileInts;
+    if (wk == 0) {
+#pragma unroll
+      for (int r = 0; r < C::ACC; ++r) __stcg(mine + (wmn * C::ACC + r) * 32 + lane, flat[r]);
+    }
+    if (threadIdx.x == 0) p.flags[tile * p.splits + split] = static_cast<int32_t>(bad);
+    // The classic last-block pattern: publish the partial, then count arrivals.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) p.counters[tile] = 0;  // as found, for the next call
+    for (int s = 0; s < p.splits; ++s) {
+      if (s == split) continue;
+      if constexpr (GROUPED) bad |= static_cast<uint32_t>(__ldcg(p.flags + tile * p.splits + s));
+      if (wk == 0) {
+        const int32_t* other = p.partials + (static_cast<int64_t>(tile) * p.splits + s) * kTileInts;
+#pragma unroll
+        for (int r = 0; r < C::ACC; ++r) flat[r] += __ldcg(other + (wmn * C::ACC + r) * 32 + lane);
+      }
+    }
+  }
+
+  // --- epilogue: out = cvt(((float)acc * s_tok[m]) * s_ch[n]), as the CPU kernel ---
+  if (wk != 0 || !stripe_ok) return;
+  const int col0 = n0 + wn * 32 + (lane % 4) * 8;  // 8 consecutive columns per row (LAYOUT.md)
+  const float4 sc0 = __ldg(reinterpret_cast<const float4*>(p.s_ch + col0));
+  const float4 sc1 = __ldg(reinterpret_cast<const float4*>(p.s_ch + col0 + 4));
+  const float sc[8] = {sc0.x, sc0.y, sc0.z, sc0.w, sc1.x, sc1.y, sc1.z, sc1.w};
+#pragma unroll
+  for (int mb = 0; mb < C::MBW; ++mb) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = m0 + (wm * C::MBW + mb) * 16 + lane / 4 + half * 8;
+      if (row >= p.M) continue;
+      const float st = __ldg(p.s_tok + row);
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int32_t v = acc[mb][j][half * 2 + e];
+          if constexpr (!GROUPED) v >>= 4;  // the MMA summed 16 * q: exact
+          o[e * 4 + j] = (static_cast<float>(v) * st) * sc[e * 4 + j];
+        }
+      if (bad) {
+#pragma unroll
+        for (int x = 0; x < 8; ++x) o[x] = __int_as_float(0x7fffffff);
+      }
+      const int64_t off = static_cast<int64_t>(row) * p.N + col0;
+      if (p.out_dtype == DType::Float16) {
+        uint4 v;
+        __half2 h[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) h[x] = __floats2half2_rn(o[2 * x], o[2 * x + 1]);
+        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
+        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
+        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
+        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
+        *reinterpret_cast<uint4*>(static_cast<__half*>(p.out) + off) = v;
+      } else if (p.out_dtype == DType::BFloat16) {
+        uint4 v;
+        __nv_bfloat162 h[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) h[x] = __floats2bfloat162_rn(o[2 * x], o[2 * x + 1]);
+        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
+        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
+        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
+        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
+        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + off) = v;
+      } else {
+        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + off);
+        dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+      }
+    }
+  }
+}
+
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -129,7 +245,6 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Param
   const int wn = warp % C::WN;
   const int wm = (warp / C::WN) % C::WM;
   const int wk = warp / (C::WN * C::WM);
-  const int wmn = wm * C::WN + wn;
 
   // m fastest: CTAs reading the same weights run side by side and share them in L2.
   int bid = blockIdx.x;
@@ -277,109 +392,186 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Param
     __syncthreads();
   }
 
-  int32_t* flat = &acc[0][0][0];
-  if constexpr (C::WK > 1) {
-    int32_t* red = reinterpret_cast<int32_t*>(smem);
-    if (wk > 0) {
+  finish<C, GROUPED>(p, acc, bad, smem, s_last, tile, split, m0, n0, wm, wn, wk, lane, stripe_ok);
+}
+
+// --- small M: the weights straight into registers ---
+
+// A 16-byte load that bypasses L1 (each weight is read once).
+__device__ __forceinline__ uint4 ldg_stream(const void* gmem) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(gmem));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(const uint8_t* smem) { return *reinterpret_cast<const uint32_t*>(smem); }
+
+// At M <= 16 the MMAs are few and the kernel only has to stream the weights.
+// Each warp owns one 32-column stripe and every WK-th k32 unit of the CTA's
+// K range in it (warp wk takes units wk, wk + WK, ...: the CTA's reads of a
+// stripe stay in one window); a lane's 16 bytes per unit are its B fragments
+// (LAYOUT.md), loaded from global memory STAGES units ahead into registers,
+// so no barrier ever waits on a weight. The activations of the CTA's K range
+// (M rows, at most BM) are copied into shared memory once, at a row stride of
+// 16 bytes past a multiple of 128 so that the 8 rows of an A fragment load
+// fall in 8 different bank groups; rows past M are zero registers, not
+// zero-filled copies. On the H200 this beats the staged kernel by 7-13 % at
+// M = 1 per channel (benchmarks/results/qqq-direct_...).
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Params p) {
+  static_assert(C::WM == 1, "one warp along M");
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int s_last;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int wn = warp % C::WN;
+  const int wk = warp / C::WN;
+  const int g = lane / 4, t = lane % 4;
+
+  int bid = blockIdx.x;
+  const int tm = bid % p.tiles_m;
+  bid /= p.tiles_m;
+  const int tn = bid % p.tiles_n;
+  const int split = bid / p.tiles_n;
+  const int tile = tn * p.tiles_m + tm;
+  const int m0 = tm * C::BM;
+  const int n0 = tn * C::BN;
+  const int KB = p.K / 32;
+  const int NB = p.N / 32;
+  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * p.k_iters / p.splits);
+  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.k_iters / p.splits);
+  const int u_begin = min(it_begin * C::KU, KB);
+  const int u_end = min(it_end * C::KU, KB);
+  const int range = u_end - u_begin;
+  const int rows = min(p.M - m0, C::BM);
+  const int stripe = n0 / 32 + wn;
+  const bool stripe_ok = stripe < NB;
+
+  // The warp's units: first + i * WK, i in [0, count).
+  const int first = u_begin + wk;
+  const int count = stripe_ok && range > wk ? (range - wk + C::WK - 1) / C::WK : 0;
+
+  // The first STAGES units' weights (and group scales) are requested before
+  // the activations, so that DRAM is busy from the start. No load is
+  // predicated: a predicated load into buf[d] becomes a select whose move
+  // waits for the load, and the prefetch turns into one DRAM round trip per
+  // unit (3x slower on the H200). Loads past the warp's last unit read that
+  // unit again.
+  constexpr int D = C::STAGES;
+  constexpr int64_t kUnitStride = int64_t{512} * C::WK;
+  const uint8_t* wsrc =
+      reinterpret_cast<const uint8_t*>(p.w) + ((static_cast<int64_t>(stripe) * KB + first) * 32 + lane) * 16;
+  const int8_t* gsrc = GROUPED ? p.s_group + stripe * 32 + g * 4 : nullptr;
+  auto load_scales = [&](int i) {
+    const int u = first + i * C::WK;
+    return __ldg(reinterpret_cast<const uint32_t*>(gsrc + static_cast<int64_t>(u * 32 / p.group_size) * p.N));
+  };
+  uint4 buf[D];
+  uint32_t sbuf[D] = {};
+  if (count > 0) {
 #pragma unroll
-      for (int r = 0; r < C::ACC; ++r) red[(((wk - 1) * C::WM * C::WN + wmn) * C::ACC + r) * 32 + lane] = flat[r];
-    }
-    __syncthreads();
-    if (wk == 0) {
-#pragma unroll
-      for (int w2 = 1; w2 < C::WK; ++w2)
-#pragma unroll
-        for (int r = 0; r < C::ACC; ++r) flat[r] += red[(((w2 - 1) * C::WM * C::WN + wmn) * C::ACC + r) * 32 + lane];
+    for (int d = 0; d < D; ++d) {
+      const int i = d < count ? d : count - 1;
+      buf[d] = ldg_stream(wsrc + i * kUnitStride);
+      if constexpr (GROUPED) sbuf[d] = load_scales(i);
     }
   }
 
-  if (p.splits > 1) {
-    constexpr int kTileInts = C::WM * C::WN * C::ACC * 32;
-    int32_t* mine = p.partials + (static_cast<int64_t>(tile) * p.splits + split) * kTileInts;
-    if (wk == 0) {
-#pragma unroll
-      for (int r = 0; r < C::ACC; ++r) __stcg(mine + (wmn * C::ACC + r) * 32 + lane, flat[r]);
-    }
-    if (threadIdx.x == 0) p.flags[tile * p.splits + split] = static_cast<int32_t>(bad);
-    // The classic last-block pattern: publish the partial, then count arrivals.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    if (threadIdx.x == 0) p.counters[tile] = 0;  // as found, for the next call
-    for (int s = 0; s < p.splits; ++s) {
-      if (s == split) continue;
-      if constexpr (GROUPED) bad |= static_cast<uint32_t>(__ldcg(p.flags + tile * p.splits + s));
-      if (wk == 0) {
-        const int32_t* other = p.partials + (static_cast<int64_t>(tile) * p.splits + s) * kTileInts;
-#pragma unroll
-        for (int r = 0; r < C::ACC; ++r) flat[r] += __ldcg(other + (wmn * C::ACC + r) * 32 + lane);
-      }
-    }
+  const int row_chunks = range * 2;  // 16-byte chunks per activation row
+  for (int c = threadIdx.x; c < rows * row_chunks; c += kThreads) {
+    const int r = c / row_chunks, cc = c % row_chunks;
+    cp_async16(smem + r * p.a_stride + cc * 16, p.a + static_cast<int64_t>(m0 + r) * p.K + u_begin * 32 + cc * 16, true);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
 
-  // --- epilogue: out = cvt(((float)acc * s_tok[m]) * s_ch[n]), as the CPU kernel ---
-  if (wk != 0 || !stripe_ok) return;
-  const int col0 = n0 + wn * 32 + (lane % 4) * 8;  // 8 consecutive columns per row (LAYOUT.md)
-  const float4 sc0 = __ldg(reinterpret_cast<const float4*>(p.s_ch + col0));
-  const float4 sc1 = __ldg(reinterpret_cast<const float4*>(p.s_ch + col0 + 4));
-  const float sc[8] = {sc0.x, sc0.y, sc0.z, sc0.w, sc1.x, sc1.y, sc1.z, sc1.w};
+  int32_t acc[C::MBW][4][4];
 #pragma unroll
-  for (int mb = 0; mb < C::MBW; ++mb) {
+  for (int mb = 0; mb < C::MBW; ++mb)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = m0 + (wm * C::MBW + mb) * 16 + lane / 4 + half * 8;
-      if (row >= p.M) continue;
-      const float st = __ldg(p.s_tok + row);
-      float o[8];
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
+      for (int e = 0; e < 4; ++e) acc[mb][j][e] = 0;
+  uint32_t bad = 0;
+
+  // Row offsets of this lane's A fragments, or -1 past M (a zero register).
+  int a_off[C::MBW][2];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          int32_t v = acc[mb][j][half * 2 + e];
-          if constexpr (!GROUPED) v >>= 4;  // the MMA summed 16 * q: exact
-          o[e * 4 + j] = (static_cast<float>(v) * st) * sc[e * 4 + j];
-        }
-      if (bad) {
+  for (int mb = 0; mb < C::MBW; ++mb)
 #pragma unroll
-        for (int x = 0; x < 8; ++x) o[x] = __int_as_float(0x7fffffff);
-      }
-      const int64_t off = static_cast<int64_t>(row) * p.N + col0;
-      if (p.out_dtype == DType::Float16) {
-        uint4 v;
-        __half2 h[4];
+    for (int h = 0; h < 2; ++h) {
+      const int r = mb * 16 + h * 8 + g;
+      a_off[mb][h] = r < rows ? r * p.a_stride + t * 4 : -1;
+    }
+
+  auto compute = [&](const uint4& wv, uint32_t sg, int i) {
+    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+    uint32_t b[4][2];
 #pragma unroll
-        for (int x = 0; x < 4; ++x) h[x] = __floats2half2_rn(o[2 * x], o[2 * x + 1]);
-        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
-        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
-        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
-        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
-        *reinterpret_cast<uint4*>(static_cast<__half*>(p.out) + off) = v;
-      } else if (p.out_dtype == DType::BFloat16) {
-        uint4 v;
-        __nv_bfloat162 h[4];
-#pragma unroll
-        for (int x = 0; x < 4; ++x) h[x] = __floats2bfloat162_rn(o[2 * x], o[2 * x + 1]);
-        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
-        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
-        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
-        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + off) = v;
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (GROUPED) {
+        const uint32_t s = (sg >> (8 * j)) & 0xFFu;
+        bad |= (s - 1u) > 15u;
+        dequant_group(words[j], s, (128u - 8u * s) * 0x01010101u, b[j][0], b[j][1]);
       } else {
-        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + off);
-        dst[0] = make_float4(o[0], o[1], o[2], o[3]);
-        dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+        dequant_channel(words[j], b[j][0], b[j][1]);
       }
     }
+    const uint8_t* sA = smem + (wk + i * C::WK) * 32;
+#pragma unroll
+    for (int mb = 0; mb < C::MBW; ++mb) {
+      uint32_t af[4];
+      af[0] = a_off[mb][0] >= 0 ? lds32(sA + a_off[mb][0]) : 0u;
+      af[1] = a_off[mb][1] >= 0 ? lds32(sA + a_off[mb][1]) : 0u;
+      af[2] = a_off[mb][0] >= 0 ? lds32(sA + a_off[mb][0] + 16) : 0u;
+      af[3] = a_off[mb][1] >= 0 ? lds32(sA + a_off[mb][1] + 16) : 0u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_s8(acc[mb][j], af, b[j][0], b[j][1]);
+    }
+  };
+
+  // Blocks of D units whose next D loads all lie within the warp's units
+  // (addresses at fixed offsets from one pointer), then the last block or
+  // two with clamped loads and a test per unit.
+  int i0 = 0;
+  for (; i0 + 2 * D <= count; i0 += D) {
+    const uint8_t* next = wsrc + (i0 + D) * kUnitStride;
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const uint4 wv = buf[d];
+      const uint32_t sg = sbuf[d];
+      buf[d] = ldg_stream(next + d * kUnitStride);
+      if constexpr (GROUPED) sbuf[d] = load_scales(i0 + D + d);
+      compute(wv, sg, i0 + d);
+    }
   }
+  for (; i0 < count; i0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int i = i0 + d;
+      const uint4 wv = buf[d];
+      const uint32_t sg = sbuf[d];
+      const int ni = i + D < count ? i + D : count - 1;
+      buf[d] = ldg_stream(wsrc + ni * kUnitStride);
+      if constexpr (GROUPED) sbuf[d] = load_scales(ni);
+      if (i < count) compute(wv, sg, i);
+    }
+  }
+  if constexpr (GROUPED) {
+    bad = __syncthreads_or(bad);
+  } else {
+    __syncthreads();
+  }
+  finish<C, GROUPED>(p, acc, bad, smem, s_last, tile, split, m0, n0, 0, wn, wk, lane, stripe_ok);
 }
 
 // --- the host side: a plan per call, then the launch ---
 
 struct Plan {
   int tiles_m = 0, tiles_n = 0, splits = 1, k_iters = 0;
+  int smem = 0, a_stride = 0;  // dynamic shared memory; qqq_direct_kernel's activation row stride
   int64_t counters_bytes = 0, flags_bytes = 0, partials_bytes = 0;
   int64_t workspace_bytes() const { return counters_bytes + flags_bytes + partials_bytes; }
 };
@@ -398,6 +590,27 @@ inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 // splits, or with `prefer_more_ctas` (compute-heavier large M) to the more.
 constexpr int64_t kFixedBytes = 2 * 16384;
 constexpr int64_t kSplitBytes = 3 * 16384;
+// qqq_direct_kernel's activations (rows x the CTA's K range) stay under
+// sm_80's 163 KB opt-in; a longer K range is split.
+constexpr int kDirectSmem = 160 * 1024;
+
+// Shared memory of a plan: the stage ring, or the direct kernel's activation
+// rows at a stride of 16 bytes past a multiple of 128; at least the
+// reduction's room. Sets plan.smem and plan.a_stride.
+template <class C>
+void size_smem(Plan& plan, int64_t M, int64_t K) {
+  if constexpr (C::DIRECT) {
+    const int64_t iters = (plan.k_iters + plan.splits - 1) / plan.splits;
+    const int64_t bytes = std::min<int64_t>(iters * C::BK, K);
+    plan.a_stride = static_cast<int>((bytes + 127) / 128 * 128 + 16);
+    const int64_t rows = std::min<int64_t>(M, C::BM);
+    const int64_t need = rows * plan.a_stride;
+    plan.smem = static_cast<int>(need > C::RED ? need : C::RED);
+  } else {
+    plan.a_stride = 0;
+    plan.smem = C::SMEM;
+  }
+}
 
 template <class C>
 Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, int64_t* cost_out = nullptr,
@@ -411,18 +624,27 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, i
     const int64_t per_sm = (tiles * s + sms - 1) / sms;
     return per_sm * ((plan.k_iters + s - 1) / s * int64_t{C::B_STAGE} + kFixedBytes) + (s > 1 ? kSplitBytes : 0);
   };
-  int best = 1;
+  auto fits = [&](int s) {
+    Plan q = plan;
+    q.splits = s;
+    size_smem<C>(q, M, K);
+    return q.smem <= kDirectSmem || !C::DIRECT;
+  };
+  int fewest = 1;  // the fewest splits whose shared memory fits
+  while (!fits(fewest) && fewest < plan.k_iters) ++fewest;
+  int best = fewest;
   if (force_splits > 0) {
-    best = force_splits;
+    best = force_splits > fewest ? force_splits : fewest;
   } else if (plan.k_iters > 1 && tiles < 4 * sms) {
-    int64_t best_cost = cost(1);
+    int64_t best_cost = cost(best);
     const int max_splits = plan.k_iters < 64 ? plan.k_iters : 64;
-    for (int s = 2; s <= max_splits; ++s) {
+    for (int s = fewest + 1; s <= max_splits; ++s) {
       const int64_t c = cost(s);
       if (c < best_cost || (prefer_more_ctas && c == best_cost)) best_cost = c, best = s;
     }
   }
   plan.splits = best < 1 ? 1 : (best > plan.k_iters && plan.k_iters > 0 ? plan.k_iters : best);
+  size_smem<C>(plan, M, K);
   if (cost_out != nullptr) *cost_out = cost(plan.splits);
   if (plan.splits > 1) {
     plan.counters_bytes = round16(tiles * 4);
@@ -430,6 +652,15 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, i
     plan.partials_bytes = tiles * plan.splits * C::BM * C::BN * 4;
   }
   return plan;
+}
+
+template <class C, bool GROUPED>
+constexpr auto kernel_of() {
+  if constexpr (C::DIRECT) {
+    return qqq_direct_kernel<C, GROUPED>;
+  } else {
+    return qqq_gemm_kernel<C, GROUPED>;
+  }
 }
 
 template <class C, bool GROUPED>
@@ -451,6 +682,7 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   p.tiles_n = plan.tiles_n;
   p.splits = plan.splits;
   p.k_iters = plan.k_iters;
+  p.a_stride = plan.a_stride;
   auto* ws = static_cast<uint8_t*>(args.workspace);
   p.counters = reinterpret_cast<int32_t*>(ws);
   p.flags = reinterpret_cast<int32_t*>(ws + plan.counters_bytes);
@@ -461,9 +693,9 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   if (plan.splits > 1) {
     if (const char* e = cuda::error_string(cudaMemsetAsync(p.counters, 0, plan.counters_bytes, s))) return e;
   }
-  constexpr auto kernel = qqq_gemm_kernel<C, GROUPED>;
-  if (const char* e = cuda::allow_smem<kernel>(C::SMEM)) return e;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, C::SMEM, s>>>(p);
+  constexpr auto kernel = kernel_of<C, GROUPED>();
+  if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, plan.smem, s>>>(p);
   return cuda::error_string(cudaGetLastError());
 }
 
