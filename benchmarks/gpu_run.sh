@@ -11,6 +11,8 @@
 #   bash benchmarks/gpu_run.sh cudatests # every CUDA-marked test, in groups (TESTS="..." to choose)
 #   bash benchmarks/gpu_run.sh qqq      # issue 8: qqq_tune.cu (bit-exact checks, tile/split sweep), the W4A8
 #                                       # op's CUDA tests, its sanitizer run, bench vs fp16 matmul, summary table
+#   bash benchmarks/gpu_run.sh qqq-verify # after a qqq_gemm kernel change: checks, M <= 16 timings, CUDA tests
+#   bash benchmarks/gpu_run.sh qqq-final  # the CUDA tests, compute-sanitizer over qqq_tune, the bench
 #   bash benchmarks/gpu_run.sh gemm     # benchmarks/gemm_tune.cu: every GEMM kernel variant checked and timed
 #                                       # against cuBLAS (GEMM_ARGS passes options, e.g. --only wgmma)
 # Uses the machine's torch with PYTHONPATH=src. Full logs and results under $OUT.
@@ -350,6 +352,18 @@ ncu-direct)
   timeout 240 "$ncu" --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats /tmp/qqq_tune --ncu > "$OUT/ncu-direct.txt" 2>&1
   echo "ncu rc=$?"; grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|Dynamic Shared" "$OUT/ncu-direct.txt" | cut -c1-150
+  ;;
+qqq-final)
+  # Issue 8's evidence after a kernel change: the op's CUDA tests, compute-sanitizer's memcheck, racecheck
+  # and synccheck over qqq_tune --sanitize (every op configuration, both schemes), then the bench.
+  timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
+  echo "pytest qqq rc=$?"; tail -n 2 "$OUT/pytest-qqq.log"
+  build_driver qqq_tune || exit 1
+  for tool in memcheck racecheck synccheck; do
+    echo "== $tool"; timeout 150 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
+  done > "$OUT/sanitize-qqq.txt"
+  grep -E "==|ERROR SUMMARY|HAZARD|checks" "$OUT/sanitize-qqq.txt"
+  bash "$0" qqq-bench | tail -n 22
   ;;
 qqq-verify)
   # After a qqq_gemm kernel change: qqq_tune's bit-exact checks and the M <= 16 timings (the op's
