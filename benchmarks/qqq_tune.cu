@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -415,10 +416,11 @@ using S_32x512_6st = Config<1, 1, 1, 8, 2, 6, 1>;
 using D_2x4_12 = Config<1, 1, 2, 4, 4, 12, 1, true>;
 using D_4x2_8 = Config<1, 1, 4, 2, 4, 8, 1, true>;
 
-static void direct_m(int sms) {
-  check_config<D_2x4_12>("D_2x4_12", sms);
-  check_config<D_4x2_8>("D_4x2_8", sms);
-  if (g_failures) return;
+// Issue 8's three shapes, each scheme: per_weights(weights, K, N, gs,
+// read-only time under the reading flush), then per_m(problem, read-only
+// time) for each M.
+template <typename W, typename F>
+static void for_small_cases(std::initializer_list<int> Ms, W&& per_weights, F&& per_m) {
   const int shapes[3][2] = {{8192, 8192}, {4096, 11008}, {11008, 4096}};
   for (const auto& s : shapes) {
     const int K = s[0], N = s[1];
@@ -426,17 +428,36 @@ static void direct_m(int sms) {
       const Device weights = make_weights(K, N, gs);
       const float read_clean =
           median_us([&] { launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2); }, Flush::Clean);
-      // What a split's counter memset adds in front of a kernel.
-      const float memset_read = median_us(
-          [&] {
-            CHECK(cudaMemsetAsync(g_flush, 0, 1024));
-            launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2);
-          },
-          Flush::Clean);
-      std::printf("memset K=%5d N=%5d read-only %6.2f us, after a 1 KB memset %6.2f us\n", K, N, read_clean, memset_read);
-      for (int M : {1, 8, 16}) {
+      per_weights(weights, K, N, read_clean);
+      for (int M : Ms) {
         Timed t = make_timed(M, K, N, gs, weights);
         std::printf("small K=%5d N=%5d M=%3d %-9s read-only %6.2f us\n", K, N, M, gs > 0 ? "group128" : "channel", read_clean);
+        per_m(t, read_clean);
+        release_timed(t);
+      }
+      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
+        if (ptr) CHECK(cudaFree(ptr));
+    }
+  }
+}
+
+static void direct_m(int sms) {
+  check_config<D_2x4_12>("D_2x4_12", sms);
+  check_config<D_4x2_8>("D_4x2_8", sms);
+  if (g_failures) return;
+  for_small_cases(
+      {1, 8, 16},
+      [](const Device& weights, int K, int N, float read_clean) {
+        // What a split's counter memset adds in front of a kernel.
+        const float memset_read = median_us(
+            [&] {
+              CHECK(cudaMemsetAsync(g_flush, 0, 1024));
+              launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2);
+            },
+            Flush::Clean);
+        std::printf("memset K=%5d N=%5d read-only %6.2f us, after a 1 KB memset %6.2f us\n", K, N, read_clean, memset_read);
+      },
+      [&](Timed& t, float read_clean) {
         const std::vector<int> autos = {0}, some = {0, 1, 2};
         time_config<Narrow>("Narrow", t, sms, autos, Flush::Clean);
         time_config<Wide>("Wide", t, sms, autos, Flush::Clean);
@@ -445,12 +466,7 @@ static void direct_m(int sms) {
         time_config<D_2x4_12>("D_2x4_12", t, sms, autos, Flush::Clean);
         time_config<D_4x2_8>("D_4x2_8", t, sms, some, Flush::Clean);
         time_op(t, 0, read_clean);
-        release_timed(t);
-      }
-      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
-        if (ptr) CHECK(cudaFree(ptr));
-    }
-  }
+      });
 }
 
 // --ncu: one call each (after a warm-up) of the read-only kernel and the M = 1
@@ -475,16 +491,9 @@ static void small_m(int sms) {
   check_config<N_8st>("N_8st", sms);
   check_config<W_8st>("W_8st", sms);
   check_config<S_32x512_6st>("S_32x512_6st", sms);
-  const int shapes[3][2] = {{8192, 8192}, {4096, 11008}, {11008, 4096}};
-  for (const auto& s : shapes) {
-    const int K = s[0], N = s[1];
-    for (int gs : {-1, 128}) {
-      const Device weights = make_weights(K, N, gs);
-      const float read_clean =
-          median_us([&] { launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2); }, Flush::Clean);
-      for (int M : {1, 16}) {
-        Timed t = make_timed(M, K, N, gs, weights);
-        std::printf("small K=%5d N=%5d M=%3d %-9s read-only %6.2f us\n", K, N, M, gs > 0 ? "group128" : "channel", read_clean);
+  for_small_cases(
+      {1, 16}, [](const Device&, int, int, float) {},
+      [&](Timed& t, float) {
         const std::vector<int> autos = {0}, some = {0, 1, 2};
         time_config<Narrow>("Narrow", t, sms, autos, Flush::Clean);
         time_config<Wide>("Wide", t, sms, autos, Flush::Clean);
@@ -492,12 +501,7 @@ static void small_m(int sms) {
         time_config<N_8st>("N_8st", t, sms, some, Flush::Clean);
         time_config<W_8st>("W_8st", t, sms, some, Flush::Clean);
         time_config<S_32x512_6st>("S_32x512_6st", t, sms, some, Flush::Clean);
-        release_timed(t);
-      }
-      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
-        if (ptr) CHECK(cudaFree(ptr));
-    }
-  }
+      });
 }
 
 int main(int argc, char** argv) {

@@ -128,6 +128,43 @@ __device__ __forceinline__ void dequant_group(uint32_t w, uint32_t s, uint32_t c
 
 // --- the kernel ---
 
+// Two floats rounded to a 16-bit pair, as one 32-bit word.
+__device__ __forceinline__ uint32_t pack2(__half, float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack2(__nv_bfloat16, float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// 8 consecutive outputs of a 16-bit type in one 16-byte store.
+template <typename T>
+__device__ __forceinline__ void store8(T* dst, const float (&o)[8]) {
+  const uint4 v = make_uint4(pack2(T{}, o[0], o[1]), pack2(T{}, o[2], o[3]), pack2(T{}, o[4], o[5]), pack2(T{}, o[6], o[7]));
+  *reinterpret_cast<uint4*>(dst) = v;
+}
+
+// Which output tile and which split of K a CTA computes: m fastest, so that
+// CTAs reading the same weights run side by side and share them in L2.
+struct Place {
+  int tile, split, m0, n0, it_begin, it_end;
+};
+template <class C>
+__device__ __forceinline__ Place place_of(const Params& p) {
+  int bid = blockIdx.x;
+  const int tm = bid % p.tiles_m;
+  bid /= p.tiles_m;
+  const int tn = bid % p.tiles_n;
+  const int split = bid / p.tiles_n;
+  return Place{tn * p.tiles_m + tm,
+               split,
+               tm * C::BM,
+               tn * C::BN,
+               static_cast<int>(static_cast<int64_t>(split) * p.k_iters / p.splits),
+               static_cast<int>(static_cast<int64_t>(split + 1) * p.k_iters / p.splits)};
+}
+
 // What every kernel does after its main loop: the warps that split K inside
 // the CTA add up through shared memory (after a barrier, which the caller has
 // passed), the CTAs that split K meet in the workspace (the last to arrive adds
@@ -208,25 +245,9 @@ __device__ __forceinline__ void finish(const Params& p, int32_t (&acc)[C::MBW][4
       }
       const int64_t off = static_cast<int64_t>(row) * p.N + col0;
       if (p.out_dtype == DType::Float16) {
-        uint4 v;
-        __half2 h[4];
-#pragma unroll
-        for (int x = 0; x < 4; ++x) h[x] = __floats2half2_rn(o[2 * x], o[2 * x + 1]);
-        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
-        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
-        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
-        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
-        *reinterpret_cast<uint4*>(static_cast<__half*>(p.out) + off) = v;
+        store8<__half>(static_cast<__half*>(p.out) + off, o);
       } else if (p.out_dtype == DType::BFloat16) {
-        uint4 v;
-        __nv_bfloat162 h[4];
-#pragma unroll
-        for (int x = 0; x < 4; ++x) h[x] = __floats2bfloat162_rn(o[2 * x], o[2 * x + 1]);
-        v.x = *reinterpret_cast<uint32_t*>(&h[0]);
-        v.y = *reinterpret_cast<uint32_t*>(&h[1]);
-        v.z = *reinterpret_cast<uint32_t*>(&h[2]);
-        v.w = *reinterpret_cast<uint32_t*>(&h[3]);
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + off) = v;
+        store8<__nv_bfloat16>(static_cast<__nv_bfloat16*>(p.out) + off, o);
       } else {
         float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + off);
         dst[0] = make_float4(o[0], o[1], o[2], o[3]);
@@ -246,17 +267,9 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_gemm_kernel(const Param
   const int wm = (warp / C::WN) % C::WM;
   const int wk = warp / (C::WN * C::WM);
 
-  // m fastest: CTAs reading the same weights run side by side and share them in L2.
-  int bid = blockIdx.x;
-  const int tm = bid % p.tiles_m;
-  bid /= p.tiles_m;
-  const int tn = bid % p.tiles_n;
-  const int split = bid / p.tiles_n;
-  const int tile = tn * p.tiles_m + tm;
-  const int m0 = tm * C::BM;
-  const int n0 = tn * C::BN;
-  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * p.k_iters / p.splits);
-  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.k_iters / p.splits);
+  const Place place = place_of<C>(p);
+  const int tile = place.tile, split = place.split, m0 = place.m0, n0 = place.n0;
+  const int it_begin = place.it_begin, it_end = place.it_end;
   const int n_iters = it_end - it_begin;
   const int KB = p.K / 32;
   const int NB = p.N / 32;
@@ -429,18 +442,11 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
   const int wk = warp / C::WN;
   const int g = lane / 4, t = lane % 4;
 
-  int bid = blockIdx.x;
-  const int tm = bid % p.tiles_m;
-  bid /= p.tiles_m;
-  const int tn = bid % p.tiles_n;
-  const int split = bid / p.tiles_n;
-  const int tile = tn * p.tiles_m + tm;
-  const int m0 = tm * C::BM;
-  const int n0 = tn * C::BN;
+  const Place place = place_of<C>(p);
+  const int tile = place.tile, split = place.split, m0 = place.m0, n0 = place.n0;
+  const int it_begin = place.it_begin, it_end = place.it_end;
   const int KB = p.K / 32;
   const int NB = p.N / 32;
-  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * p.k_iters / p.splits);
-  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.k_iters / p.splits);
   const int u_begin = min(it_begin * C::KU, KB);
   const int u_end = min(it_end * C::KU, KB);
   const int range = u_end - u_begin;
