@@ -166,6 +166,40 @@ def test_build_a_user_folder_by_the_cmake_route(tmp_path):
     assert "(cmake; loaded into torch.ops)" in res.stdout
 
 
+def test_cmake_route_passes_its_own_interpreter(tmp_path):
+    """An activated virtualenv or a python3 first on PATH must not become the
+    build's interpreter: opforge passes the one whose torch it builds against."""
+    import shutil
+
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    folder = tmp_path / "which_python"
+    folder.mkdir()
+    (folder / "empty.cpp").write_text("int opforge_empty() { return 0; }\n")
+    (folder / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(which_python CXX)\n"
+        "find_package(Python REQUIRED COMPONENTS Interpreter)\n"
+        f'file(WRITE "{tmp_path}/python.txt" "${{Python_EXECUTABLE}}")\n'
+        "add_library(which_python SHARED empty.cpp)\n"
+    )
+    decoy = tmp_path / "decoy"
+    (decoy / "bin").mkdir(parents=True)
+    for name in ("python", "python3"):  # a working interpreter at another path: a second venv
+        (decoy / "bin" / name).symlink_to(sys.executable)
+    env = {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "OPFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "OPFORGE_NO_AUTOLOAD": "1",
+        "VIRTUAL_ENV": str(decoy),
+        "PATH": f"{decoy / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    code = f"from pathlib import Path; from opforge.cli import build_folder; print(build_folder(Path({str(folder)!r}), 'cmake'))"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == "0", res.stdout[-3000:] + res.stderr[-3000:]
+    assert (tmp_path / "python.txt").read_text() == sys.executable
+
+
 def test_run_is_the_main_job():
     res = opforge_cli("run", "square", "--device", "cpu", "--seed", "2", "--dtype", "float32", "--budget", "0.01", "--no-compile")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -205,6 +205,11 @@ def _build_cmake(folder: Path) -> int:
             str(build),
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            # The interpreter whose torch that is: left to FindPython, an
+            # activated virtualenv or PATH can name another one (seen in CI
+            # run from inside a second venv).
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
         ],
         ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
     ):
