@@ -28,6 +28,13 @@ mkdir -p "$OUT"
 opforge() { python3 -m opforge "$@"; }
 # A tuning driver, benchmarks/NAME.cu (pure CUDA, sm_90a), built into /tmp/NAME; more nvcc arguments after NAME.
 build_driver() { local name=$1; shift; nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a "benchmarks/$name.cu" "$@" -o "/tmp/$name"; }
+# Nsight Compute: on PATH, else the newest under /opt/nvidia.
+ncu_path() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1; }
+# qqq_gemm's CUDA tests into $OUT/pytest-qqq.log, with their summary line.
+qqq_cuda_tests() {
+  timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
+  echo "pytest qqq rc=$?"; tail -n 2 "$OUT/pytest-qqq.log"
+}
 # gemm_tune's cuBLAS flags, into the array blas: the toolkit's headers, else pip's nvidia-cublas.
 cublas_flags() {
   blas=(-lcublas)
@@ -332,14 +339,14 @@ profile-qqq)
 ncu-qqq)
   # Where qqq_gemm's warps wait at M = 1 (per channel, per group): ncu's warp-state, scheduler and
   # source-counter sections over the second call of each (benchmarks/qqq_once.py).
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  ncu=$(ncu_path)
   timeout 240 "$ncu" -k regex:qqq_ --launch-skip 1 --launch-count 3 --section SpeedOfLight --section WarpStateStats \
     --section SchedulerStats --section SourceCounters --section Occupancy python3 benchmarks/qqq_once.py > "$OUT/ncu-qqq.txt" 2>&1
   echo "ncu rc=$?"; grep -E "qqq_(gemm|direct)_kernel|Duration|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|stall|Stall|Branch Instructions Ratio|Achieved Occupancy" "$OUT/ncu-qqq.txt" | cut -c1-200 | head -60
   ;;
 qqq-direct)
-  # The weights straight into registers at M <= 32 (qqq_tune --direct): bit-exact checks of the
-  # direct variants, then their times beside the op's staged tiles and the read-only floor.
+  # The weights straight into registers at M = 1, 8, 16 (qqq_tune --direct): bit-exact checks of the
+  # direct variants, then their times beside the op's staged tiles, the op's launcher and the read-only floor.
   build_driver qqq_tune \
     && timeout 300 /tmp/qqq_tune --direct > "$OUT/qqq-direct.txt" 2>&1; echo "qqq_tune rc=$?"
   grep -E "^check|FAIL" "$OUT/qqq-direct.txt" | head -12; grep -vE "^check" "$OUT/qqq-direct.txt" | cut -c1-110
@@ -348,7 +355,7 @@ ncu-direct)
   # Kernel-only durations (ncu) at M = 1, K = N = 8192: the read-only kernel, the staged Narrow tile and
   # the direct kernels, per channel and per group (qqq_tune --ncu).
   build_driver qqq_tune || exit 1
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  ncu=$(ncu_path)
   timeout 240 "$ncu" --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats /tmp/qqq_tune --ncu > "$OUT/ncu-direct.txt" 2>&1
   echo "ncu rc=$?"; grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|Dynamic Shared" "$OUT/ncu-direct.txt" | cut -c1-150
@@ -356,8 +363,7 @@ ncu-direct)
 qqq-final)
   # Issue 8's evidence after a kernel change: the op's CUDA tests, compute-sanitizer's memcheck, racecheck
   # and synccheck over qqq_tune --sanitize (every op configuration, both schemes), then the bench.
-  timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
-  echo "pytest qqq rc=$?"; tail -n 2 "$OUT/pytest-qqq.log"
+  qqq_cuda_tests
   build_driver qqq_tune || exit 1
   for tool in memcheck racecheck synccheck; do
     echo "== $tool"; timeout 150 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
@@ -369,8 +375,7 @@ qqq-verify)
   # After a qqq_gemm kernel change: qqq_tune's bit-exact checks and the M <= 16 timings (the op's
   # launcher among them, qqq_tune --direct), then the op's CUDA tests and its example's.
   bash "$0" qqq-direct | grep -E "rc=|^check|FAIL"
-  timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
-  echo "pytest qqq rc=$?"; tail -2 "$OUT/pytest-qqq.log"
+  qqq_cuda_tests
   timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k qqq > "$OUT/pytest-examples.log" 2>&1
   echo "examples qqq CUDA rc=$?"; tail -2 "$OUT/pytest-examples.log"
   grep -E "^(small|time|op )" "$OUT/qqq-direct.txt" | cut -c1-130
