@@ -351,6 +351,30 @@ qqq-direct)
     && timeout 300 /tmp/qqq_tune --direct > "$OUT/qqq-direct.txt" 2>&1; echo "qqq_tune rc=$?"
   grep -E "^check|FAIL" "$OUT/qqq-direct.txt" | head -12; grep -vE "^check" "$OUT/qqq-direct.txt" | cut -c1-110
   ;;
+qqq-ws)
+  # The warp-specialised wgmma kernel at M = 32, 64, 128 (qqq_tune --ws): bit-exact checks of its
+  # configurations, then their times (forced splits 1, 2, 4 and the model's) beside the op's launcher.
+  build_driver qqq_tune \
+    && timeout 400 /tmp/qqq_tune --ws > "$OUT/qqq-ws.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^check|FAIL" "$OUT/qqq-ws.txt" | head -20; grep -E "^(op|time)" "$OUT/qqq-ws.txt" | cut -c1-120
+  ;;
+ncu-ws)
+  # Kernel-only profiles (ncu) of the wgmma kernel at K = N = 8192 (qqq_tune --ncu-ws): what bounds it.
+  build_driver qqq_tune || exit 1
+  timeout 300 "$(ncu_path)" --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis --section SchedulerStats --section Occupancy --section LaunchStats \
+    -k regex:qqq_ws /tmp/qqq_tune --ncu-ws > "$OUT/ncu-ws.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Ipc|No Eligible|Registers Per|Shared Memory|Executed Ipc" "$OUT/ncu-ws.txt" | cut -c1-150
+  ;;
+ws-probe)
+  # What bounds the wgmma kernel: times without the conversion, without the wgmmas, other depths; then
+  # ncu's source counters (stall reasons per instruction) over the real kernel at M = 32 and 128.
+  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -lineinfo benchmarks/qqq_tune.cu -o /tmp/qqq_tune || exit 1
+  timeout 200 /tmp/qqq_tune --ws-probe > "$OUT/ws-probe.txt" 2>&1; echo "rc=$?"; grep -E "^time" "$OUT/ws-probe.txt" | cut -c1-100
+  QQQ_NCU_ONLY=1 timeout 240 "$(ncu_path)" --section WarpStateStats --section SourceCounters --section SpeedOfLight \
+    -k regex:qqq_ws -c 2 /tmp/qqq_tune --ws-probe > "$OUT/ncu-ws-probe.txt" 2>&1; echo "ncu rc=$?"
+  grep -E "^  [a-z_].*\(|Duration|stall|Stall|Warp Cycles" "$OUT/ncu-ws-probe.txt" | cut -c1-180 | head -60
+  ;;
 ncu-direct)
   # Kernel-only durations (ncu) at M = 1, K = N = 8192: the read-only kernel, the staged Narrow tile and
   # the direct kernels, per channel and per group (qqq_tune --ncu).
@@ -359,6 +383,24 @@ ncu-direct)
   timeout 240 "$ncu" --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats /tmp/qqq_tune --ncu > "$OUT/ncu-direct.txt" 2>&1
   echo "ncu rc=$?"; grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|Dynamic Shared" "$OUT/ncu-direct.txt" | cut -c1-150
+  ;;
+ws-final)
+  # Issue 8 after the wgmma kernel: qqq_tune --ws (every op configuration and the launcher bit-exact, then
+  # the wgmma configurations' times beside the launcher), the qqq_gemm, gemm (the shared sm90a.cuh) and
+  # example CUDA tests, compute-sanitizer over qqq_tune --sanitize, the bench; at most 8 files back.
+  bash "$0" qqq-ws | grep -E "rc=|FAIL|passed"
+  grep -E "^check" "$OUT/qqq-ws.txt" | cut -c1-60
+  qqq_cuda_tests
+  timeout 240 python3 -m pytest tests/test_gemm.py tests/test_examples.py -q -p no:cacheprovider -m cuda -k "gemm or qqq" \
+    > "$OUT/pytest-gemm-examples.log" 2>&1; echo "pytest gemm + examples rc=$?"; tail -n 2 "$OUT/pytest-gemm-examples.log"
+  for tool in memcheck racecheck synccheck; do
+    echo "== $tool"; timeout 150 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
+  done > "$OUT/sanitize-qqq.txt"
+  grep -E "==|ERROR SUMMARY|HAZARD|checks" "$OUT/sanitize-qqq.txt"
+  timeout 300 python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.3} --no-compile \
+    --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
+  echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
+  rm -f "$OUT/qqq.log" "$OUT/env.txt"
   ;;
 qqq-final)
   # Issue 8's evidence after a kernel change: the op's CUDA tests, compute-sanitizer's memcheck, racecheck

@@ -416,6 +416,30 @@ using S_32x512_6st = Config<1, 1, 1, 8, 2, 6, 1>;
 using D_2x4_12 = Config<1, 1, 2, 4, 4, 12, 1, true>;
 using D_4x2_8 = Config<1, 1, 4, 2, 4, 8, 1, true>;
 
+// The warp-specialised wgmma kernel (qqq_ws_kernel, sm_90a), --ws:
+// <BM, consumer warpgroups, stages, fragment sets, MINB>.
+using qqq::WsConfig;
+using WS128x2 = WsConfig<128, 2, 4, 2>;
+using WS128x2f4 = WsConfig<128, 2, 4, 4>;
+using WS128x1 = WsConfig<128, 1, 6, 2>;
+using WS64x2 = WsConfig<64, 2, 6, 2>;
+using WS64x1 = WsConfig<64, 1, 6, 2>;
+using WS64x1b2 = WsConfig<64, 1, 4, 2, 2>;
+using WS32x2 = WsConfig<32, 2, 6, 2>;
+using WS32x1 = WsConfig<32, 1, 8, 2>;
+using WS32x2f4 = WsConfig<32, 2, 6, 4>;
+using WS64x1b2f4 = WsConfig<64, 1, 4, 4, 2>;
+// Probes (wrong results, timed only): no conversion; no wgmma.
+using WS128x1_noconv = WsConfig<128, 1, 6, 2, 1, false, 1>;
+using WS128x1_nomma = WsConfig<128, 1, 6, 2, 1, false, 2>;
+using WS128x1_s4 = WsConfig<128, 1, 4, 2>;
+using WS128x1_s8 = WsConfig<128, 1, 8, 2>;
+using WS32x1_noconv = WsConfig<32, 1, 8, 2, 1, false, 1>;
+using WS32x1_nomma = WsConfig<32, 1, 8, 2, 1, false, 2>;
+// The weights by one TMA box per slot (WTMA), and the op's candidates.
+using WS32x1b2 = WsConfig<32, 1, 8, 2, 2>;
+using WS32x1t_nomma = WsConfig<32, 1, 8, 2, 1, true, 2>;
+
 // Issue 8's three shapes, each scheme: per_weights(weights, K, N, gs,
 // read-only time under the reading flush), then per_m(problem, read-only
 // time) for each M.
@@ -469,6 +493,67 @@ static void direct_m(int sms) {
       });
 }
 
+// --ws-probe: what bounds the wgmma kernel (per channel, K = N = 8192).
+static void ws_probe(int sms) {
+  const Device weights = make_weights(8192, 8192, -1);
+  for (int M : {32, 128}) {
+    if (std::getenv("QQQ_NCU_ONLY") != nullptr) break;  // under ncu: the two profiled calls below only
+    Timed t = make_timed(M, 8192, 8192, -1, weights);
+    const std::vector<int> s2 = {2, 4};
+    if (M == 128) {
+      time_config<WS128x1>("WS128x1", t, sms, s2, Flush::Clean);
+      time_config<WS128x1_noconv>("WS128x1_noconv", t, sms, s2, Flush::Clean);
+      time_config<WS128x1_nomma>("WS128x1_nomma", t, sms, s2, Flush::Clean);
+      time_config<WS128x1_s4>("WS128x1_s4", t, sms, s2, Flush::Clean);
+      time_config<WS128x1_s8>("WS128x1_s8", t, sms, s2, Flush::Clean);
+    } else {
+      time_config<WS32x1>("WS32x1", t, sms, s2, Flush::Clean);
+      time_config<WS32x1_noconv>("WS32x1_noconv", t, sms, s2, Flush::Clean);
+      time_config<WS32x1_nomma>("WS32x1_nomma", t, sms, s2, Flush::Clean);
+    }
+    release_timed(t);
+  }
+  for (int M : {32, 128}) {
+    Timed t = make_timed(M, 8192, 8192, -1, weights);
+    launch_stream_read(weights.w, size_t{8192} * 8192 / 2);
+    if (M == 128) run<WS128x1>(t.p, t.d, DType::Float16, 2, sms);
+    else run<WS32x1>(t.p, t.d, DType::Float16, 4, sms);
+    CHECK(cudaDeviceSynchronize());
+    release_timed(t);
+  }
+}
+
+static void ws_m(int sms) {
+  check_config<WS32x1>("WS32x1", sms);
+  check_config<WS32x1b2>("WS32x1b2", sms);
+  check_config<WS64x1b2>("WS64x1b2", sms);
+  check_config<WS128x1>("WS128x1", sms);
+  check_config<WS128x2>("WS128x2", sms);
+  if (g_failures) return;
+  for_small_cases(
+      {32, 64, 128}, [](const Device&, int, int, float) {},
+      [&](Timed& t, float read_clean) {
+        const std::vector<int> autos = {0}, some = {0, 2, 4}, more = {0, 1, 2, 4};
+        const int M = t.p.M;
+        time_op(t, 0, read_clean);
+        if (M <= 32) {
+          time_config<WS32x1>("WS32x1", t, sms, some, Flush::Clean);
+          time_config<Ws32>("Ws32 (op)", t, sms, some, Flush::Clean);
+          time_config<WS32x1b2>("WS32x1b2", t, sms, autos, Flush::Clean);
+          time_config<Ws32Group>("Ws32Group (op)", t, sms, autos, Flush::Clean);
+          if (t.p.gs < 0) time_config<WS32x1t_nomma>("WS32x1t_nomma", t, sms, {4}, Flush::Clean);
+        } else if (M <= 64) {
+          time_config<WS64x1b2>("WS64x1b2", t, sms, some, Flush::Clean);
+          time_config<Ws64>("Ws64 (op)", t, sms, some, Flush::Clean);
+        } else {
+          time_config<WS128x1>("WS128x1", t, sms, more, Flush::Clean);
+          time_config<Ws128>("Ws128 (op)", t, sms, more, Flush::Clean);
+          time_config<WS128x2>("WS128x2", t, sms, autos, Flush::Clean);
+          time_config<Ws128Group>("Ws128Group (op)", t, sms, autos, Flush::Clean);
+        }
+      });
+}
+
 // --ncu: one call each (after a warm-up) of the read-only kernel and the M = 1
 // kernels at K = N = 8192, for ncu's kernel-only durations.
 static void ncu_m1(int sms) {
@@ -482,6 +567,25 @@ static void ncu_m1(int sms) {
     }
     CHECK(cudaDeviceSynchronize());
     release_timed(t);
+  }
+}
+
+// --ncu-ws: one call each (after a warm-up) of the wgmma kernel at K = N =
+// 8192: WS128x1 at M = 128 per channel and per group, WS32x2 at M = 32.
+static void ncu_ws(int sms) {
+  for (int gs : {-1, 128}) {
+    const Device weights = make_weights(8192, 8192, gs);
+    for (int M : {128, 32}) {
+      if (gs > 0 && M == 32) continue;
+      Timed t = make_timed(M, 8192, 8192, gs, weights);
+      for (int rep = 0; rep < 2; ++rep) {
+        launch_stream_read(weights.w, size_t{8192} * 8192 / 2);
+        if (M == 128) run<WS128x1>(t.p, t.d, DType::Float16, 2, sms);
+        if (M == 32) run<WS32x2>(t.p, t.d, DType::Float16, 4, sms);
+      }
+      CHECK(cudaDeviceSynchronize());
+      release_timed(t);
+    }
   }
 }
 
@@ -509,12 +613,15 @@ int main(int argc, char** argv) {
   const bool check_only = g_light || (argc > 1 && std::strcmp(argv[1], "--check-only") == 0);
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
   const bool direct = argc > 1 && std::strcmp(argv[1], "--direct") == 0;
-  if (argc > 1 && std::strcmp(argv[1], "--ncu") == 0) {
+  const bool ws = argc > 1 && std::strcmp(argv[1], "--ws") == 0;
+  const bool ws_probe_mode = argc > 1 && std::strcmp(argv[1], "--ws-probe") == 0;
+  if (argc > 1 && (std::strcmp(argv[1], "--ncu") == 0 || std::strcmp(argv[1], "--ncu-ws") == 0)) {
     int dev = 0;
     CHECK(cudaGetDevice(&dev));
     CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
     CHECK(cudaMalloc(&g_sink, 4));
-    ncu_m1(g_sms);
+    if (std::strcmp(argv[1], "--ncu") == 0) ncu_m1(g_sms);
+    else ncu_ws(g_sms);
     return 0;
   }
   int dev = 0;
@@ -532,6 +639,12 @@ int main(int argc, char** argv) {
   check_config<M64Channel>("M64Channel (op)", sms);
   check_config<M64Group>("M64Group (op)", sms);
   check_config<Large>("Large (op, M>64)", sms);
+  // The wgmma kernel's configurations (sm_90a; the launcher takes them at M > 16 there).
+  check_config<Ws32>("Ws32 (op, M<=32)", sms);
+  check_config<Ws32Group>("Ws32Group (op, M<=32)", sms);
+  check_config<Ws64>("Ws64 (op, M<=64)", sms);
+  check_config<Ws128>("Ws128 (op, M>64)", sms);
+  check_config<Ws128Group>("Ws128Group (op, M>64)", sms);
   check_op_launcher(sms);
   if (check_only || g_failures) {
     std::printf(g_failures ? "%d FAILURES in the checks\n" : "all checks passed\n", g_failures);
@@ -540,10 +653,18 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
-  if (small || direct) {
+  if (ws_probe_mode) {
+    CHECK(cudaMalloc(&g_flush, kFlushBytes));
+    CHECK(cudaMalloc(&g_sink, 4));
+    g_copy_gbps = 4200;
+    ws_probe(sms);
+    return 0;
+  }
+  if (small || direct || ws) {
     g_copy_gbps = 4200;  // the floor column only; measured below in the full run
     if (small) small_m(sms);
     if (direct) direct_m(sms);
+    if (ws) ws_m(sms);
     std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
     return g_failures ? 1 : 0;
   }

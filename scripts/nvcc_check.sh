@@ -24,14 +24,19 @@ for cu in csrc/ops/*/*.cu; do
   else
     echo "ok   $cu: $kernels kernel builds (sm_80, sm_90a), max $max_regs registers, 0 spills"
   fi
-  # A kernel folder that writes wgmma must get Hopper's warpgroup MMA (HGMMA) into its sm_90a
+  # ptxas serialising wgmmas (C7520) or injecting warpgroup arrives around them (C7519) means
+  # the pipeline the kernel was written for is not the one that runs.
+  if grep -q "C7520\|C7519" "$log"; then
+    echo "FAIL $cu: ptxas serialises or fences wgmmas:"; grep "C7520\|C7519" "$log" | head -3; status=1
+  fi
+  # A kernel folder that writes wgmma must get Hopper's warpgroup MMA (HGMMA, IGMMA for int8) into its sm_90a
   # machine code, not a fallback: the guards (__CUDA_ARCH_FEAT_SM90_ALL) must let it through.
   if grep -qs "wgmma.mma_async" "$(dirname "$cu")"/*.cu "$(dirname "$cu")"/*.cuh; then
-    hgmma=$(cuobjdump -sass -arch sm_90a "$out/$(basename "$cu").o" 2>/dev/null | grep -c HGMMA || true)
+    hgmma=$(cuobjdump -sass -arch sm_90a "$out/$(basename "$cu").o" 2>/dev/null | grep -cE "[HI]GMMA" || true)
     if [ "$hgmma" -gt 0 ]; then
-      echo "ok   $cu: $hgmma HGMMA instructions in the sm_90a code"
+      echo "ok   $cu: $hgmma HGMMA/IGMMA instructions in the sm_90a code"
     else
-      echo "FAIL $cu: its folder writes wgmma.mma_async but its sm_90a code has no HGMMA"; status=1
+      echo "FAIL $cu: its folder writes wgmma.mma_async but its sm_90a code has no HGMMA/IGMMA"; status=1
     fi
   fi
 done

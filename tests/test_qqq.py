@@ -319,6 +319,21 @@ def test_cuda_matches_cpu_bit_for_bit(M, K, N, group_size, out_dtype, seed):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("group_size", [-1, 32])
+@pytest.mark.parametrize("M", [20, 64, 100, 300])
+def test_cuda_k_and_n_tails_bit_for_bit(M, group_size, out_dtype, seed):
+    """K = 1056 is 8 k32 units past a multiple of 128 (the last slot of a
+    128-deep ring is short) and N = 352 is 11 stripes (the last tile of 128 or
+    256 columns is partial): the units and stripes past the end must add
+    nothing, and must not raise the bad-scale flag."""
+    args = make_args(M, 1056, 352, group_size, CPU, torch.Generator().manual_seed(seed))
+    want = opforge.qqq_gemm(*args, out_dtype)
+    got = opforge.qqq_gemm(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in args), out_dtype)
+    assert torch.equal(got.cpu(), want), f"{(got.cpu() != want).sum()} of {want.numel()} differ"
+
+
+@pytest.mark.cuda
 def test_cuda_extremes_and_target_shape(seed):
     gen = torch.Generator().manual_seed(seed)
     for args in (extreme_args(16, 8192, 8192, 128, CPU, gen), make_args(16, 8192, 8192, -1, CPU, gen)):
@@ -328,8 +343,9 @@ def test_cuda_extremes_and_target_shape(seed):
 
 
 @pytest.mark.cuda
-def test_cuda_bad_group_scale_gives_nan_not_a_number():
-    a, w, st, sc, sg, gs = make_args(16, 256, 64, 128, torch.device("cuda"), None)
+@pytest.mark.parametrize("M", [16, 64, 128])
+def test_cuda_bad_group_scale_gives_nan_not_a_number(M):
+    a, w, st, sc, sg, gs = make_args(M, 256, 64, 128, torch.device("cuda"), None)
     sg = sg.clone()
     sg[1, 5] = 17
     out = opforge.qqq_gemm(a, w, st, sc, sg, gs)
@@ -354,9 +370,10 @@ def test_cuda_views_copied_and_misaligned_weights_refused():
 
 
 @pytest.mark.cuda
-def test_cuda_runs_on_the_current_stream_and_graphs():
+@pytest.mark.parametrize("M", [16, 128])  # the mma.sync tiles; the wgmma kernel (its tensor maps by value)
+def test_cuda_runs_on_the_current_stream_and_graphs(M):
     dev = torch.device("cuda")
-    args = make_args(16, 4096, 4096, 128, dev, None)
+    args = make_args(M, 4096, 4096, 128, dev, None)
     want = opforge.qqq_gemm(*args)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -55,6 +55,7 @@
 
 #include "gemm_common.cuh"
 #include "gemm_wgmma_ops.cuh"
+#include "opforge/sm90a.cuh"
 
 namespace opforge::gemm {
 
@@ -82,36 +83,20 @@ struct WgmmaTile {
 
 namespace wgmma_detail {
 
+// The pipeline's mbarrier, TMA and wgmma wrappers are opforge/sm90a.cuh's.
+using sm90::fence_regs;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Returns once the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
+using sm90::fence_proxy_async;
+using sm90::mbar_arrive;
+using sm90::mbar_expect_tx;
+using sm90::mbar_init;
+using sm90::mbar_wait;
+using sm90::setmaxnreg_dec;
+using sm90::setmaxnreg_inc;
+using sm90::tma_load_2d;
+using sm90::wgmma_commit;
+using sm90::wgmma_fence;
+using sm90::wgmma_wait;
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
@@ -123,33 +108,10 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // Until the committed TMA stores are complete.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-// Shared-memory writes of this thread become visible to the async proxy (TMA).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // A barrier for the 128 threads of one consumer warpgroup (id 0 is __syncthreads).
-__device__ __forceinline__ void warpgroup_bar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void warpgroup_bar(int id) { sm90::named_bar(id, 128); }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Ties accumulator registers to this point: the compiler must not move reads
-// or writes of them across a wgmma wait (they are written asynchronously).
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 #endif
 
@@ -176,26 +138,6 @@ __device__ __forceinline__ T round1(float a) {
 }
 
 }  // namespace wgmma_detail
-
-// Whether the loaded image of this translation unit has the sm_90a code: its
-// static shared memory says so (4096 bytes in the sm_90a build, 4 otherwise;
-// the reported size may add alignment padding for the dynamic shared memory
-// and, on sm_90, 1 KB reserved by the system, both well under 4096), read by
-// cudaFuncGetAttributes without a launch or a synchronisation. A build without
-// sm_90a (a 9.0 GPU running compute_80 or compute_90 PTX) must never launch
-// wgmma_gemm_kernel, whose body is then a trap.
-constexpr int kProbeSm90aInts = 1024;
-__global__ void wgmma_probe_kernel(int* out) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ int s[kProbeSm90aInts];
-#else
-  __shared__ int s[1];
-#endif
-  constexpr int n = sizeof(s) / sizeof(int);
-  s[threadIdx.x % n] = threadIdx.x;
-  __syncthreads();
-  if (out != nullptr) out[threadIdx.x] = s[(threadIdx.x + 1) % n];
-}
 
 // pairs (direct epilogue only): N even and C 4-byte aligned, so two outputs
 // go out as one word.
@@ -366,7 +308,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     }
   }
 #else
-  // This image has no sm_90a code (see wgmma_probe_kernel): never launched.
+  // This image has no sm_90a code (sm90::sm90a_code_loaded): never launched.
   __trap();
 #endif
 }
@@ -375,29 +317,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 // Host side: tensor maps through the driver's cuTensorMapEncodeTiled, fetched
 // from the runtime (no -lcuda), and the launcher.
 
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
-#else
-    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &found);
-#endif
-    return (err == cudaSuccess && found == cudaDriverEntryPointSuccess)
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p)
-               : nullptr;
-  }();
-  return fn;
-}
-
 // A row-major [rows, cols] matrix of 2-byte elements, `pitch` elements from
 // one row to the next (a multiple of 8), moved in boxes of [box_rows, 64
 // columns] to or from 128-byte-swizzled shared memory; out-of-range elements
 // of a box read as zeros and are not written.
 inline bool make_tensor_map(CUtensorMap* map, bool bf16, const void* ptr, int64_t rows, int64_t cols, int64_t pitch,
                             int box_rows) {
-  const auto encode = tensor_map_encoder();
+  const auto encode = sm90::tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(pitch) * 2};
@@ -410,23 +336,13 @@ inline bool make_tensor_map(CUtensorMap* map, bool bf16, const void* ptr, int64_
   return r == CUDA_SUCCESS;
 }
 
-// Whether this device and this build can run the wgmma kernel at all.
-// `static`: the answer is this library's (does its code have sm_90a?), so its
-// cache must be too. An inline function's static local is one process-wide
-// (GNU unique) symbol shared by every library compiled from these sources,
-// and examples/gemm loads its own build beside opforge's.
+// Whether this device and this build can run the wgmma kernel at all: a 9.0
+// GPU, this library's sm_90a code loaded, a driver that encodes tensor maps.
+// `static`, like sm90a_code_loaded: each library built from these sources
+// (examples/gemm beside opforge) must ask about its own image, and an inline
+// function would be one process-wide symbol.
 static bool wgmma_available(const DeviceInfo& info) {
-  if (info.major != 9 || info.minor != 0) return false;
-  static std::atomic<int> state[kMaxDevices];  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  if (cached && state[dev].load(std::memory_order_acquire) != 0) return state[dev].load() == 1;
-  cudaFuncAttributes attr{};
-  const bool yes = cudaFuncGetAttributes(&attr, wgmma_probe_kernel) == cudaSuccess &&
-                   attr.sharedSizeBytes >= kProbeSm90aInts * sizeof(int) && tensor_map_encoder() != nullptr;
-  if (cached) state[dev].store(yes ? 1 : 2, std::memory_order_release);
-  return yes;
+  return info.major == 9 && info.minor == 0 && sm90::sm90a_code_loaded();
 }
 
 // Coordinates are 32-bit: every dimension within int.

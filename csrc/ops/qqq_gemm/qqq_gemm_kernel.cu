@@ -33,6 +33,26 @@ using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
 // 22.7 at M = 16, K = N = 8192), so per group keeps the staged tiles.
 using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true>;
 using DirectPair = Config<1, 1, 2, 4, 4, 8, 1, true>;
+// M > 16 on an H100/H200 with sm_90a code: the warp-specialised wgmma kernel
+// (qqq_ws_kernel.cuh), its activations and weights each one TMA box per
+// slot. <BM, consumer warpgroups, stages, fragment sets, CTAs per SM, true>.
+// H200, qqq_tune --ws (benchmarks/results/qqq-ws_nvidia-h200_2026-11-23.txt),
+// against the mma.sync tiles below, K = N = 8192 / 4096 x 11008 / 11008 x 4096:
+//   per channel, M = 32:  32 rows x 128 columns, 16.9 / 14.3 / 16.1 us (22.8 / 17.3 / 19.3);
+//   per group,   M = 32:  the same at 2 CTAs per SM, 26.3 / 21.9 / 22.5 (26.9 / 23.1 / 23.2);
+//   M = 64:               64 x 128 at 2 CTAs per SM, per channel 21.8 / 18.8 / 21.3
+//                         (27.3 / 23.3 / 22.8), per group 29.9 / 24.6 / 26.3 (35.0 / 31.0 / 28.7);
+//   per channel, M = 128: 128 x 128, 27.4 / 22.7 / 26.0 (40.4 / 37.0 / 33.2);
+//   per group,   M = 128: 128 x 256 (two consumers), 36.6 / 30.2 / 35.9 (50.4 / 44.4 / 39.9).
+// 4 or 8 slots instead of 6, or 3 units' wgmmas in flight instead of 1: within
+// 5 %; the weights by one bulk copy per stripe instead of one TMA box: up to
+// 14 % slower per group (qqq-ws-first_..., qqq-ws-probe_...).
+using Ws32 = qqq::WsConfig<32, 1, 8, 2, 1, true>;
+using Ws32Group = qqq::WsConfig<32, 1, 8, 2, 2, true>;
+using Ws64 = qqq::WsConfig<64, 1, 4, 2, 2, true>;
+using Ws128 = qqq::WsConfig<128, 1, 6, 2, 1, true>;
+using Ws128Group = qqq::WsConfig<128, 2, 4, 2, 1, true>;
+// Elsewhere (no sm_90a code, another GPU), mma.sync tiles:
 // 32 rows, 128 x 256 per stage: 25.1 us at K = N = 8192 (64 x 256: 26.9, two
 // warps along M: 26.2).
 using M32 = Config<2, 1, 4, 2, 4, 4>;
@@ -65,6 +85,16 @@ auto with_plan(int64_t M, int64_t N, int64_t K, bool grouped, F&& f) {
     const Plan narrow = qqq::make_plan<Narrow>(M, N, K, sms, 0, &cost_narrow);
     const Plan wide = qqq::make_plan<Wide>(M, N, K, sms, 0, &cost_wide);
     return cost_wide <= cost_narrow ? f(Wide{}, wide) : f(Narrow{}, narrow);
+  }
+  // Cached per device too: is this library's sm_90a code what runs here?
+  if (K > 0 && sm90::sm90a_code_loaded()) {
+    if (M <= 32) {
+      return grouped ? f(Ws32Group{}, qqq::make_plan<Ws32Group>(M, N, K, sms))
+                     : f(Ws32{}, qqq::make_plan<Ws32>(M, N, K, sms));
+    }
+    if (M <= 64) return f(Ws64{}, qqq::make_plan<Ws64>(M, N, K, sms));
+    return grouped ? f(Ws128Group{}, qqq::make_plan<Ws128Group>(M, N, K, sms))
+                   : f(Ws128{}, qqq::make_plan<Ws128>(M, N, K, sms));
   }
   if (M <= 32) return f(M32{}, qqq::make_plan<M32>(M, N, K, sms));
   if (M <= 64) {

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "opforge/cuda_utils.cuh"
 #include "opforge/dtype.h"
@@ -52,6 +53,8 @@ struct Config {
   // registers, STAGES units ahead; the activations of the CTA's K range in
   // shared memory, loaded once) instead of the cp.async stage pipeline.
   static constexpr bool DIRECT = DIRECT_;
+  static constexpr bool WS = false;  // qqq_ws_kernel's configurations are WsConfig
+  static constexpr int THREADS = kThreads;
   static_assert(WM * WN * WK == kWarps, "8 warps per CTA");
   static constexpr int BM = 16 * MBW * WM;
   static constexpr int BN = 32 * WN;
@@ -573,6 +576,15 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
   finish<C, GROUPED>(p, acc, bad, smem, s_last, tile, split, m0, n0, 0, wn, wk, lane, stripe_ok);
 }
 
+}  // namespace
+}  // namespace opforge::qqq
+
+// The warp-specialised wgmma kernel (sm_90a) for larger M.
+#include "qqq_ws_kernel.cuh"
+
+namespace opforge::qqq {
+namespace {
+
 // --- the host side: a plan per call, then the launch ---
 
 struct Plan {
@@ -626,8 +638,11 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, i
   plan.tiles_n = static_cast<int>((N + C::BN - 1) / C::BN);
   plan.k_iters = static_cast<int>((K + C::BK - 1) / C::BK);
   const int64_t tiles = static_cast<int64_t>(plan.tiles_m) * plan.tiles_n;
+  // CTAs that run at once: the wgmma kernel's configurations state theirs
+  // (MINB); the others were tuned with the model as it stands, one per SM.
+  const int64_t slots = C::WS ? int64_t{sms} * C::MINB : sms;
   auto cost = [&](int s) {
-    const int64_t per_sm = (tiles * s + sms - 1) / sms;
+    const int64_t per_sm = (tiles * s + slots - 1) / slots;
     return per_sm * ((plan.k_iters + s - 1) / s * int64_t{C::B_STAGE} + kFixedBytes) + (s > 1 ? kSplitBytes : 0);
   };
   auto fits = [&](int s) {
@@ -641,7 +656,7 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, i
   int best = fewest;
   if (force_splits > 0) {
     best = force_splits > fewest ? force_splits : fewest;
-  } else if (plan.k_iters > 1 && tiles < 4 * sms) {
+  } else if (plan.k_iters > 1 && tiles < 4 * slots) {
     int64_t best_cost = cost(best);
     const int max_splits = plan.k_iters < 64 ? plan.k_iters : 64;
     for (int s = fewest + 1; s <= max_splits; ++s) {
@@ -699,9 +714,23 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   if (plan.splits > 1) {
     if (const char* e = cuda::error_string(cudaMemsetAsync(p.counters, 0, plan.counters_bytes, s))) return e;
   }
-  constexpr auto kernel = kernel_of<C, GROUPED>();
-  if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, plan.smem, s>>>(p);
+  if constexpr (C::WS) {
+    if (!sm90::sm90a_code_loaded()) return "opforge::qqq_gemm: the wgmma kernel needs a 9.0 GPU and sm_90a code";
+    constexpr auto kernel = qqq_ws_kernel<C, GROUPED>;
+    if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
+    CUtensorMap map_a, map_w;
+    std::memset(&map_a, 0, sizeof map_a);  // K = 0: no load is issued
+    std::memset(&map_w, 0, sizeof map_w);
+    if (p.K > 0 && (!make_a_map(&map_a, p.a, p.M, p.K, C::BM) ||
+                    (C::WTMA && !make_w_map(&map_w, p.w, p.N, p.K, C::BN / 32)))) {
+      return "opforge::qqq_gemm: cuTensorMapEncodeTiled failed";
+    }
+    kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p, map_a, map_w);
+  } else {
+    constexpr auto kernel = kernel_of<C, GROUPED>();
+    if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
+    kernel<<<static_cast<unsigned>(blocks), kThreads, plan.smem, s>>>(p);
+  }
   return cuda::error_string(cudaGetLastError());
 }
 
