@@ -246,7 +246,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
       // free, and those still running read this slot (FRAGS - 1 < KU).
       wgmma_wait<C::FRAGS - 1>();
     }
-    // Slot i - 1 is read completely: back to the producer.
+    // Slot i - 1 is read completely: back to the producer. One arrive per
+    // warp, after __syncwarp, which orders every lane's shared-memory reads of
+    // the slot before lane 0's arrive (without it racecheck saw the next bulk
+    // copy of group scales race with other lanes' reads: 2,560 WAR hazards).
+    __syncwarp();
     if (i > 0 && lane == 0) mbar_arrive(empty + 8 * ((i - 1) % STAGES));
   }
   wgmma_wait<0>();
