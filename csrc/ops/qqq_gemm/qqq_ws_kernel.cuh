@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + 8 * s, 1);                   // the producer's arrive.expect_tx
-      mbar_init(empty + 8 * s, 4 * C::CONSUMERS);  // one arrive per consumer warp
+      mbar_init(empty + 8 * s, kConsumerThreads);  // one arrive per consumer thread
     }
     s_bad = 0;
     mbar_init_fence();
@@ -246,12 +246,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
       // free, and those still running read this slot (FRAGS - 1 < KU).
       wgmma_wait<C::FRAGS - 1>();
     }
-    // Slot i - 1 is read completely: back to the producer. One arrive per
-    // warp, after __syncwarp, which orders every lane's shared-memory reads of
-    // the slot before lane 0's arrive (without it racecheck saw the next bulk
-    // copy of group scales race with other lanes' reads: 2,560 WAR hazards).
-    __syncwarp();
-    if (i > 0 && lane == 0) mbar_arrive(empty + 8 * ((i - 1) % STAGES));
+    // Slot i - 1 is read completely: back to the producer. Every consumer
+    // thread arrives (release), so that its own shared-memory reads of the
+    // slot come before the producer's next copy into it; with one arrive per
+    // warp (lane 0, even after __syncwarp) racecheck saw the next bulk copy of
+    // group scales race with the other lanes' reads (2,560 WAR hazards).
+    if (i > 0) mbar_arrive(empty + 8 * ((i - 1) % STAGES));
   }
   wgmma_wait<0>();
   fence_regs(acc);
