@@ -12,15 +12,17 @@
 //
 // A CTA has 1 + CONSUMERS warpgroups. Warpgroup 0 is the producer: one thread
 // fills a ring of STAGES slots, each 128 k deep: the activations [BM x 128] by
-// one TMA box, each 32-column stripe's weights (4 units, 2 KB, contiguous in
-// the layout) by one bulk copy, and per group one row of group scales per k32
-// unit; all complete on the slot's "full" mbarrier. Each consumer warpgroup
-// owns 128 weight columns (warp w: stripe w, the rows of its m64 blocks) and
-// per k32 unit loads its lane's 16 bytes, converts them and issues two
-// m64nBMk32 wgmmas; FRAGS sets of A registers let FRAGS - 1 units' wgmmas run
-// while the next unit is converted. A slot goes back to the producer (its
-// "empty" mbarrier) once the wgmmas reading it are complete. No barrier of the
-// whole CTA inside the loop. Split-K and the epilogue as the other kernels.
+// one TMA box, the weights of the tile's stripes (4 units, 2 KB each,
+// contiguous in the layout) by one box of a second tensor map (WTMA) or one
+// bulk copy per stripe, and per group one row of group scales per k32 unit;
+// all complete on the slot's "full" mbarrier. Each consumer warpgroup owns
+// 128 weight columns (warp w: stripe w, the rows of its m64 blocks) and per
+// k32 unit converts its lane's 16 bytes and issues two m64nBMk32 wgmmas;
+// FRAGS sets of A registers let FRAGS - 1 units' wgmmas run while the next
+// unit is converted. A slot goes back to the producer (its "empty" mbarrier,
+// one arrive per consumer thread) once the wgmmas reading it are complete.
+// No barrier of the whole CTA inside the loop. Split-K and the epilogue as the
+// other kernels.
 
 #include "opforge/sm90a.cuh"
 #include "qqq_wgmma_ops.cuh"
