@@ -35,6 +35,20 @@ qqq_cuda_tests() {
   timeout 200 python3 -m pytest tests/test_qqq.py -q -p no:cacheprovider -m cuda > "$OUT/pytest-qqq.log" 2>&1
   echo "pytest qqq rc=$?"; tail -n 2 "$OUT/pytest-qqq.log"
 }
+# compute-sanitizer's memcheck, racecheck and synccheck over qqq_tune --sanitize (built already) into
+# $OUT/sanitize-qqq.txt, with their summary lines.
+qqq_sanitize() {
+  for tool in memcheck racecheck synccheck; do
+    echo "== $tool"; timeout 150 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
+  done > "$OUT/sanitize-qqq.txt"
+  grep -E "==|ERROR SUMMARY|HAZARD|checks" "$OUT/sanitize-qqq.txt"
+}
+# qqq_gemm's bench against float16 matmul into $OUT/qqq.json and .png, with its markdown table.
+qqq_bench() {
+  timeout 300 python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.3} --no-compile \
+    --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
+  echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
+}
 # gemm_tune's cuBLAS flags, into the array blas: the toolkit's headers, else pip's nvidia-cublas.
 cublas_flags() {
   blas=(-lcublas)
@@ -324,9 +338,7 @@ qqq-bench)
   # What the bench reports for short calls (bench_timing.py: batched vs synchronised, the input-set
   # rotation's spread), then qqq_gemm's bench vs fp16 matmul with a larger budget than `benches`.
   timeout 150 python3 benchmarks/bench_timing.py 2>&1 | tee "$OUT/bench-timing.txt"
-  timeout 300 python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.3} --no-compile \
-    --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
-  echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
+  qqq_bench
   ;;
 profile-qqq)
   # ncu summaries of qqq_gemm (issue 8's evidence) at M = 1 and 128, per channel and per group, K = N = 8192.
@@ -369,7 +381,7 @@ ncu-ws)
 ws-probe)
   # What bounds the wgmma kernel: times without the conversion, without the wgmmas, other depths; then
   # ncu's source counters (stall reasons per instruction) over the real kernel at M = 32 and 128.
-  nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -lineinfo benchmarks/qqq_tune.cu -o /tmp/qqq_tune || exit 1
+  build_driver qqq_tune -lineinfo || exit 1
   timeout 200 /tmp/qqq_tune --ws-probe > "$OUT/ws-probe.txt" 2>&1; echo "rc=$?"; grep -E "^time" "$OUT/ws-probe.txt" | cut -c1-100
   QQQ_NCU_ONLY=1 timeout 240 "$(ncu_path)" --section WarpStateStats --section SourceCounters --section SpeedOfLight \
     -k regex:qqq_ws -c 2 /tmp/qqq_tune --ws-probe > "$OUT/ncu-ws-probe.txt" 2>&1; echo "ncu rc=$?"
@@ -393,13 +405,8 @@ ws-final)
   qqq_cuda_tests
   timeout 240 python3 -m pytest tests/test_gemm.py tests/test_examples.py -q -p no:cacheprovider -m cuda -k "gemm or qqq" \
     > "$OUT/pytest-gemm-examples.log" 2>&1; echo "pytest gemm + examples rc=$?"; tail -n 2 "$OUT/pytest-gemm-examples.log"
-  for tool in memcheck racecheck synccheck; do
-    echo "== $tool"; timeout 150 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
-  done > "$OUT/sanitize-qqq.txt"
-  grep -E "==|ERROR SUMMARY|HAZARD|checks" "$OUT/sanitize-qqq.txt"
-  timeout 300 python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.3} --no-compile \
-    --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
-  echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
+  qqq_sanitize
+  qqq_bench
   rm -f "$OUT/qqq.log" "$OUT/env.txt"
   ;;
 qqq-final)
@@ -407,10 +414,7 @@ qqq-final)
   # and synccheck over qqq_tune --sanitize (every op configuration, both schemes), then the bench.
   qqq_cuda_tests
   build_driver qqq_tune || exit 1
-  for tool in memcheck racecheck synccheck; do
-    echo "== $tool"; timeout 150 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
-  done > "$OUT/sanitize-qqq.txt"
-  grep -E "==|ERROR SUMMARY|HAZARD|checks" "$OUT/sanitize-qqq.txt"
+  qqq_sanitize
   bash "$0" qqq-bench | tail -n 22
   ;;
 qqq-verify)

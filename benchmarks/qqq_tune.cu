@@ -449,7 +449,7 @@ static void for_small_cases(std::initializer_list<int> Ms, W&& per_weights, F&& 
   for (const auto& s : shapes) {
     const int K = s[0], N = s[1];
     for (int gs : {-1, 128}) {
-      const Device weights = make_weights(K, N, gs);
+      Device weights = make_weights(K, N, gs);
       const float read_clean =
           median_us([&] { launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2); }, Flush::Clean);
       per_weights(weights, K, N, read_clean);
@@ -459,8 +459,7 @@ static void for_small_cases(std::initializer_list<int> Ms, W&& per_weights, F&& 
         per_m(t, read_clean);
         release_timed(t);
       }
-      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
-        if (ptr) CHECK(cudaFree(ptr));
+      release(weights);  // the weights-only Device: w, sc, sg
     }
   }
 }
@@ -493,11 +492,23 @@ static void direct_m(int sms) {
       });
 }
 
+// `reps` calls of configuration C (forced splits), each after the reading
+// flush, then a synchronisation: what ncu profiles.
+template <class C>
+static void flushed_calls(const Device& weights, int M, int K, int N, int gs, int splits, int sms, int reps) {
+  Timed t = make_timed(M, K, N, gs, weights);
+  for (int rep = 0; rep < reps; ++rep) {
+    launch_stream_read(weights.w, static_cast<size_t>(K) * N / 2);
+    run<C>(t.p, t.d, DType::Float16, splits, sms);
+  }
+  CHECK(cudaDeviceSynchronize());
+  release_timed(t);
+}
+
 // --ws-probe: what bounds the wgmma kernel (per channel, K = N = 8192).
 static void ws_probe(int sms) {
-  const Device weights = make_weights(8192, 8192, -1);
+  Device weights = make_weights(8192, 8192, -1);
   for (int M : {32, 128}) {
-    if (std::getenv("QQQ_NCU_ONLY") != nullptr) break;  // under ncu: the two profiled calls below only
     Timed t = make_timed(M, 8192, 8192, -1, weights);
     const std::vector<int> s2 = {2, 4};
     if (M == 128) {
@@ -513,14 +524,16 @@ static void ws_probe(int sms) {
     }
     release_timed(t);
   }
-  for (int M : {32, 128}) {
-    Timed t = make_timed(M, 8192, 8192, -1, weights);
-    launch_stream_read(weights.w, size_t{8192} * 8192 / 2);
-    if (M == 128) run<WS128x1>(t.p, t.d, DType::Float16, 2, sms);
-    else run<WS32x1>(t.p, t.d, DType::Float16, 4, sms);
-    CHECK(cudaDeviceSynchronize());
-    release_timed(t);
-  }
+  release(weights);  // the weights-only Device: w, sc, sg
+}
+
+// --ws-probe under QQQ_NCU_ONLY (gpu_run.sh ws-probe's ncu step, -c 2): the
+// two calls ncu profiles, and nothing before them.
+static void ws_probe_ncu(int sms) {
+  Device weights = make_weights(8192, 8192, -1);
+  flushed_calls<WS32x1>(weights, 32, 8192, 8192, -1, 4, sms, 1);
+  flushed_calls<WS128x1>(weights, 128, 8192, 8192, -1, 2, sms, 1);
+  release(weights);  // the weights-only Device: w, sc, sg
 }
 
 static void ws_m(int sms) {
@@ -558,7 +571,7 @@ static void ws_m(int sms) {
 // kernels at K = N = 8192, for ncu's kernel-only durations.
 static void ncu_m1(int sms) {
   for (int gs : {-1, 128}) {
-    const Device weights = make_weights(8192, 8192, gs);
+    Device weights = make_weights(8192, 8192, gs);
     Timed t = make_timed(1, 8192, 8192, gs, weights);
     for (int rep = 0; rep < 2; ++rep) {
       launch_stream_read(weights.w, size_t{8192} * 8192 / 2);
@@ -574,18 +587,10 @@ static void ncu_m1(int sms) {
 // 8192: WS128x1 at M = 128 per channel and per group, WS32x2 at M = 32.
 static void ncu_ws(int sms) {
   for (int gs : {-1, 128}) {
-    const Device weights = make_weights(8192, 8192, gs);
-    for (int M : {128, 32}) {
-      if (gs > 0 && M == 32) continue;
-      Timed t = make_timed(M, 8192, 8192, gs, weights);
-      for (int rep = 0; rep < 2; ++rep) {
-        launch_stream_read(weights.w, size_t{8192} * 8192 / 2);
-        if (M == 128) run<WS128x1>(t.p, t.d, DType::Float16, 2, sms);
-        if (M == 32) run<WS32x2>(t.p, t.d, DType::Float16, 4, sms);
-      }
-      CHECK(cudaDeviceSynchronize());
-      release_timed(t);
-    }
+    Device weights = make_weights(8192, 8192, gs);
+    flushed_calls<WS128x1>(weights, 128, 8192, 8192, gs, 2, sms, 2);
+    if (gs < 0) flushed_calls<WS32x2>(weights, 32, 8192, 8192, gs, 4, sms, 2);
+    release(weights);  // the weights-only Device: w, sc, sg
   }
 }
 
@@ -615,12 +620,14 @@ int main(int argc, char** argv) {
   const bool direct = argc > 1 && std::strcmp(argv[1], "--direct") == 0;
   const bool ws = argc > 1 && std::strcmp(argv[1], "--ws") == 0;
   const bool ws_probe_mode = argc > 1 && std::strcmp(argv[1], "--ws-probe") == 0;
-  if (argc > 1 && (std::strcmp(argv[1], "--ncu") == 0 || std::strcmp(argv[1], "--ncu-ws") == 0)) {
+  const bool ncu_probe = ws_probe_mode && std::getenv("QQQ_NCU_ONLY") != nullptr;
+  if (argc > 1 && (std::strcmp(argv[1], "--ncu") == 0 || std::strcmp(argv[1], "--ncu-ws") == 0 || ncu_probe)) {
     int dev = 0;
     CHECK(cudaGetDevice(&dev));
     CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
     CHECK(cudaMalloc(&g_sink, 4));
     if (std::strcmp(argv[1], "--ncu") == 0) ncu_m1(g_sms);
+    else if (ncu_probe) ws_probe_ncu(g_sms);
     else ncu_ws(g_sms);
     return 0;
   }
@@ -653,18 +660,12 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
-  if (ws_probe_mode) {
-    CHECK(cudaMalloc(&g_flush, kFlushBytes));
-    CHECK(cudaMalloc(&g_sink, 4));
-    g_copy_gbps = 4200;
-    ws_probe(sms);
-    return 0;
-  }
-  if (small || direct || ws) {
+  if (small || direct || ws || ws_probe_mode) {
     g_copy_gbps = 4200;  // the floor column only; measured below in the full run
     if (small) small_m(sms);
     if (direct) direct_m(sms);
     if (ws) ws_m(sms);
+    if (ws_probe_mode) ws_probe(sms);
     std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
     return g_failures ? 1 : 0;
   }
@@ -690,7 +691,7 @@ int main(int argc, char** argv) {
   for (const auto& s : shapes) {
     const int K = s[0], N = s[1];
     for (int gs : {-1, 128}) {
-      const Device weights = make_weights(K, N, gs);
+      Device weights = make_weights(K, N, gs);
       const size_t wbytes = static_cast<size_t>(K) * N / 2;
       const float read_dirty = median_us([&] { launch_stream_read(weights.w, wbytes); }, Flush::Dirty);
       const float read_clean = median_us([&] { launch_stream_read(weights.w, wbytes); }, Flush::Clean);
@@ -729,8 +730,7 @@ int main(int argc, char** argv) {
         time_config<M64Channel>("M64Channel(M128)", t, sms, autos);
         release_timed(t);
       }
-      for (void* ptr : {static_cast<void*>(weights.w), static_cast<void*>(weights.sc), static_cast<void*>(weights.sg)})
-        if (ptr) CHECK(cudaFree(ptr));
+      release(weights);  // the weights-only Device: w, sc, sg
     }
   }
   std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);

@@ -141,11 +141,67 @@ __device__ __forceinline__ uint32_t pack2(__nv_bfloat16, float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// 8 consecutive outputs of a 16-bit type in one 16-byte store.
-template <typename T>
-__device__ __forceinline__ void store8(T* dst, const float (&o)[8]) {
-  const uint4 v = make_uint4(pack2(T{}, o[0], o[1]), pack2(T{}, o[2], o[3]), pack2(T{}, o[4], o[5]), pack2(T{}, o[6], o[7]));
-  *reinterpret_cast<uint4*>(dst) = v;
+// W (4 or 8) consecutive outputs at out[off], rounded to the output dtype:
+// one 8- or 16-byte store of a 16-bit type, one or two float4 of float32.
+template <int W>
+__device__ __forceinline__ void store_row(const Params& p, int64_t off, const float (&o)[W]) {
+  static_assert(W == 4 || W == 8, "whole float4s, 16-bit pairs");
+  uint32_t v[W / 2];
+  if (p.out_dtype == DType::Float32) {
+#pragma unroll
+    for (int x = 0; x < W / 4; ++x)
+      reinterpret_cast<float4*>(static_cast<float*>(p.out) + off)[x] =
+          make_float4(o[4 * x], o[4 * x + 1], o[4 * x + 2], o[4 * x + 3]);
+    return;
+  }
+#pragma unroll
+  for (int x = 0; x < W / 2; ++x)
+    v[x] = p.out_dtype == DType::Float16 ? pack2(__half{}, o[2 * x], o[2 * x + 1])
+                                          : pack2(__nv_bfloat16{}, o[2 * x], o[2 * x + 1]);
+  // Either 16-bit type: the same byte offset.
+  uint16_t* dst = static_cast<uint16_t*>(p.out) + off;
+  if constexpr (W == 8) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+  } else {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(v[0], v[1]);
+  }
+}
+
+// The CTAs that split a tile's K meet in the workspace: each publishes its
+// partial sums (R values per thread that holds them, `holder`; value r of
+// thread `who` at r * `threads` + who) and its bad-scale flag, and the last
+// to arrive (an atomic counter per tile) adds the others' into `flat` and
+// returns true: it runs the epilogue. Integer sums: the order of arrival
+// cannot change a bit. `sync` is the barrier of the CTA's participating
+// threads, `leader` one of them.
+template <int R, bool GROUPED, class Sync>
+__device__ __forceinline__ bool meet_splits(const Params& p, int32_t* flat, uint32_t& bad, int& s_last, int tile,
+                                            int split, bool holder, int who, int threads, bool leader, Sync sync) {
+  const int64_t tile_ints = int64_t{R} * threads;
+  int32_t* mine = p.partials + (static_cast<int64_t>(tile) * p.splits + split) * tile_ints;
+  if (holder) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) __stcg(mine + r * threads + who, flat[r]);
+  }
+  if (leader) p.flags[tile * p.splits + split] = static_cast<int32_t>(bad);
+  // The classic last-block pattern: publish the partial, then count arrivals.
+  __threadfence();
+  sync();
+  if (leader) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+  sync();
+  if (!s_last) return false;
+  __threadfence();
+  if (leader) p.counters[tile] = 0;  // as found, for the next call
+  for (int s = 0; s < p.splits; ++s) {
+    if (s == split) continue;
+    if constexpr (GROUPED) bad |= static_cast<uint32_t>(__ldcg(p.flags + tile * p.splits + s));
+    if (holder) {
+      const int32_t* other = p.partials + (static_cast<int64_t>(tile) * p.splits + s) * tile_ints;
+#pragma unroll
+      for (int r = 0; r < R; ++r) flat[r] += __ldcg(other + r * threads + who);
+    }
+  }
+  return true;
 }
 
 // Which output tile and which split of K a CTA computes: m fastest, so that
@@ -193,31 +249,10 @@ __device__ __forceinline__ void finish(const Params& p, int32_t (&acc)[C::MBW][4
     }
   }
 
-  if (p.splits > 1) {
-    constexpr int kTileInts = C::WM * C::WN * C::ACC * 32;
-    int32_t* mine = p.partials + (static_cast<int64_t>(tile) * p.splits + split) * kTileInts;
-    if (wk == 0) {
-#pragma unroll
-      for (int r = 0; r < C::ACC; ++r) __stcg(mine + (wmn * C::ACC + r) * 32 + lane, flat[r]);
-    }
-    if (threadIdx.x == 0) p.flags[tile * p.splits + split] = static_cast<int32_t>(bad);
-    // The classic last-block pattern: publish the partial, then count arrivals.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    if (threadIdx.x == 0) p.counters[tile] = 0;  // as found, for the next call
-    for (int s = 0; s < p.splits; ++s) {
-      if (s == split) continue;
-      if constexpr (GROUPED) bad |= static_cast<uint32_t>(__ldcg(p.flags + tile * p.splits + s));
-      if (wk == 0) {
-        const int32_t* other = p.partials + (static_cast<int64_t>(tile) * p.splits + s) * kTileInts;
-#pragma unroll
-        for (int r = 0; r < C::ACC; ++r) flat[r] += __ldcg(other + (wmn * C::ACC + r) * 32 + lane);
-      }
-    }
+  // Warps wk == 0 hold the CTA's sums.
+  if (p.splits > 1 && !meet_splits<C::ACC, GROUPED>(p, flat, bad, s_last, tile, split, wk == 0, wmn * 32 + lane,
+                                                     C::WM * C::WN * 32, threadIdx.x == 0, [] { __syncthreads(); })) {
+    return;
   }
 
   // --- epilogue: out = cvt(((float)acc * s_tok[m]) * s_ch[n]), as the CPU kernel ---
@@ -246,16 +281,7 @@ __device__ __forceinline__ void finish(const Params& p, int32_t (&acc)[C::MBW][4
 #pragma unroll
         for (int x = 0; x < 8; ++x) o[x] = __int_as_float(0x7fffffff);
       }
-      const int64_t off = static_cast<int64_t>(row) * p.N + col0;
-      if (p.out_dtype == DType::Float16) {
-        store8<__half>(static_cast<__half*>(p.out) + off, o);
-      } else if (p.out_dtype == DType::BFloat16) {
-        store8<__nv_bfloat16>(static_cast<__nv_bfloat16*>(p.out) + off, o);
-      } else {
-        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + off);
-        dst[0] = make_float4(o[0], o[1], o[2], o[3]);
-        dst[1] = make_float4(o[4], o[5], o[6], o[7]);
-      }
+      store_row(p, static_cast<int64_t>(row) * p.N + col0, o);
     }
   }
 }
@@ -729,7 +755,7 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   } else {
     constexpr auto kernel = kernel_of<C, GROUPED>();
     if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
-    kernel<<<static_cast<unsigned>(blocks), kThreads, plan.smem, s>>>(p);
+    kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p);
   }
   return cuda::error_string(cudaGetLastError());
 }

@@ -87,16 +87,7 @@ __device__ __forceinline__ void ws_epilogue(const Params& p, const int32_t* flat
         if constexpr (!GROUPED) v >>= 4;  // the MMA summed 16 * q: exact
         o[j] = bad ? __int_as_float(0x7fffffff) : (static_cast<float>(v) * st) * scs[j];
       }
-      const int64_t off = static_cast<int64_t>(row) * p.N + col0;
-      if (p.out_dtype == DType::Float16) {
-        *reinterpret_cast<uint2*>(static_cast<__half*>(p.out) + off) =
-            make_uint2(pack2(__half{}, o[0], o[1]), pack2(__half{}, o[2], o[3]));
-      } else if (p.out_dtype == DType::BFloat16) {
-        *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + off) =
-            make_uint2(pack2(__nv_bfloat16{}, o[0], o[1]), pack2(__nv_bfloat16{}, o[2], o[3]));
-      } else {
-        *reinterpret_cast<float4*>(static_cast<float*>(p.out) + off) = make_float4(o[0], o[1], o[2], o[3]);
-      }
+      store_row(p, static_cast<int64_t>(row) * p.N + col0, o);
     }
   }
 }
@@ -265,28 +256,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     named_bar(1, kConsumerThreads);
     bad = s_bad;
   }
-  const int tile = place.tile, split = place.split;
-  if (p.splits > 1) {
-    constexpr int kTileInts = C::ACC * kConsumerThreads;
-    int32_t* mine = p.partials + (static_cast<int64_t>(tile) * p.splits + split) * kTileInts;
-#pragma unroll
-    for (int r = 0; r < C::ACC; ++r) __stcg(mine + r * kConsumerThreads + ct, acc[r]);
-    if (ct == 0) p.flags[tile * p.splits + split] = static_cast<int32_t>(bad);
-    // The last-block pattern: publish the partial, then count arrivals.
-    __threadfence();
-    named_bar(1, kConsumerThreads);
-    if (ct == 0) s_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-    named_bar(1, kConsumerThreads);
-    if (!s_last) return;
-    __threadfence();
-    if (ct == 0) p.counters[tile] = 0;  // as found, for the next call
-    for (int s = 0; s < p.splits; ++s) {
-      if (s == split) continue;
-      if constexpr (GROUPED) bad |= static_cast<uint32_t>(__ldcg(p.flags + tile * p.splits + s));
-      const int32_t* other = p.partials + (static_cast<int64_t>(tile) * p.splits + s) * kTileInts;
-#pragma unroll
-      for (int r = 0; r < C::ACC; ++r) acc[r] += __ldcg(other + r * kConsumerThreads + ct);
-    }
+  if (p.splits > 1 && !meet_splits<C::ACC, GROUPED>(p, acc, bad, s_last, place.tile, place.split, true, ct,
+                                                     kConsumerThreads, ct == 0,
+                                                     [] { named_bar(1, kConsumerThreads); })) {
+    return;
   }
   if (!stripe_ok) return;
   ws_epilogue<C, GROUPED>(p, acc, place.m0, place.n0 + wn * 32 + (lane / 4) * 4, bad);
