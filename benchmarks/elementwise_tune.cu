@@ -4,7 +4,7 @@
 // bfloat16, against the device-to-device copy of the same bytes.
 //
 //   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
-//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small|aligned|hints|multi]...
+//        benchmarks/elementwise_tune.cu -o /tmp/tune && /tmp/tune [sweep|sigmoid|small|aligned|hints|multi|bulk]...
 //
 // sweep (the default): the table above. sigmoid: the arithmetic of sigmoid's
 // forms (libm + IEEE division, libm + approximate reciprocal, ex2/rcp
@@ -12,7 +12,9 @@
 // bytes, one instruction). small: device time of add at 2^12-2^16 elements for
 // 64, 128 and 256 threads a block, from a CUDA graph of 256 launches (no
 // launch overhead in the figure). aligned: add at 2^26/2^28 through the aligned
-// kernel at 128/256/512 threads a block, rounds interleaved.
+// kernel at 128/256/512 threads a block, rounds interleaved. bulk: add at
+// 2^26/2^28 staged through shared memory by Hopper's bulk copies (add_bulk),
+// beside the op's kernel, after a bit-exact check against it.
 //
 // Times: CUDA events around each call, median of 30 calls after 5 warm-ups.
 // Every size here is at least 4x the 50 MB L2 of an H200 (bf16 2^24 and up),
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "opforge/cuda_utils.cuh"
+#include "opforge/sm90a.cuh"
 #include "tune_common.cuh"
 
 namespace cu = opforge::cuda;
@@ -382,6 +385,28 @@ void cache_hints(const char* dtype) {
   }
 }
 
+// Each variant's every output element, bit for bit, against the op's kernel's;
+// exits on the first that differs (or fails to launch).
+template <typename T>
+void check_against_op(const char* dtype, const AddBuffers<T>& m, const std::vector<std::function<float()>>& variants) {
+  T* want = nullptr;
+  CHECK(cudaMalloc(&want, m.n * sizeof(T)));
+  add_us<T, 256, 1>(m.n, m.a, m.b, want);
+  std::vector<uint8_t> ref(m.n * sizeof(T)), got(m.n * sizeof(T));
+  CHECK(cudaMemcpy(ref.data(), want, ref.size(), cudaMemcpyDeviceToHost));
+  CHECK(cudaFree(want));
+  for (size_t k = 0; k < variants.size(); ++k) {
+    CHECK(cudaMemset(m.o, 0xFF, m.n * sizeof(T)));
+    variants[k]();
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpy(got.data(), m.o, got.size(), cudaMemcpyDeviceToHost));
+    if (std::memcmp(got.data(), ref.data(), got.size()) != 0) {
+      std::printf("FAIL add %s variant %zu differs from the op's kernel\n", dtype, k);
+      std::exit(1);
+    }
+  }
+}
+
 template <typename T>
 void multi_vectors(const char* dtype) {
   for (int log2n : {26, 28}) {
@@ -392,30 +417,155 @@ void multi_vectors(const char* dtype) {
         [&] { return variant_us<T, 256, 2, Hint::kPlain>(m.n, m.a, m.b, m.o); },
         [&] { return variant_us<T, 256, 1, Hint::kL2Prefetch>(m.n, m.a, m.b, m.o); },
         [&] { return variant_us<T, 128, 2, Hint::kL2Prefetch>(m.n, m.a, m.b, m.o); }};
-    if (log2n == 26) {
-      // Each variant's every output element, bit for bit, against the op's kernel's.
-      T* want = nullptr;
-      CHECK(cudaMalloc(&want, m.n * sizeof(T)));
-      add_us<T, 256, 1>(m.n, m.a, m.b, want);
-      std::vector<uint8_t> ref(m.n * sizeof(T)), got(m.n * sizeof(T));
-      CHECK(cudaMemcpy(ref.data(), want, ref.size(), cudaMemcpyDeviceToHost));
-      CHECK(cudaFree(want));
-      for (size_t k = 0; k < variants.size(); ++k) {
-        CHECK(cudaMemset(m.o, 0xFF, m.n * sizeof(T)));
-        variants[k]();
-        CHECK(cudaMemcpy(got.data(), m.o, got.size(), cudaMemcpyDeviceToHost));
-        if (std::memcmp(got.data(), ref.data(), got.size()) != 0) {
-          std::printf("FAIL add %s variant %zu differs from the op's kernel\n", dtype, k);
-          std::exit(1);
-        }
-      }
-    }
+    if (log2n == 26) check_against_op(dtype, m, variants);
     std::vector<std::function<float()>> timed = {[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); }};
     timed.insert(timed.end(), variants.begin(), variants.end());
     const auto med = interleaved_medians(timed);
     std::printf("add %-8s 2^%-3d op's kernel %7.1f us | 128x2 %7.1f | 128x4 %7.1f | 256x2 %7.1f | 256x1 L2::256B %7.1f | "
                 "128x2 L2::256B %7.1f\n",
                 dtype, log2n, med[0], med[1], med[2], med[3], med[4], med[5]);
+  }
+}
+
+// bulk: add through Hopper's 1-D bulk copies (cp.async.bulk, TMA without a
+// tensor map) instead of LDG/STG. The question: with the copy engine moving
+// whole chunks between global and shared memory (no registers or LSU slots
+// held per load in flight), does add reach more of the bandwidth than the op's
+// kernel? A persistent grid; each block walks chunks blockIdx.x, +gridDim.x,
+// ... through a ring of Stages slots (a, b and out, ChunkBytes each) in dynamic
+// shared memory, thread 0 issuing the copies.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// At most N of this thread's store groups still reading shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+#endif
+
+template <typename T, int Threads, int Stages, int ChunkBytes>
+__global__ void __launch_bounds__(Threads) add_bulk(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ o,
+                                                     uint32_t chunks) {
+  static_assert(Stages >= 2, "a slot's store is waited for one chunk later, with Stages - 2 groups left pending");
+  static_assert(ChunkBytes % (16 * Threads) == 0, "every thread computes whole 16-byte vectors of a chunk");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  namespace sm = opforge::sm90;
+  constexpr int V = 16 / sizeof(T);
+  constexpr int kSlot = 3 * ChunkBytes;
+  using VecT = cu::Vec<T, V>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ uint64_t full[Stages];
+  const auto* ga = reinterpret_cast<const uint8_t*>(a);
+  const auto* gb = reinterpret_cast<const uint8_t*>(b);
+  auto* go = reinterpret_cast<uint8_t*>(o);
+  const uint32_t stride = gridDim.x;
+  auto load = [&](uint32_t c, int s) {
+    const uint32_t bar = sm::smem_addr(&full[s]), dst = sm::smem_addr(smem + s * kSlot);
+    sm::mbar_expect_tx(bar, 2 * ChunkBytes);
+    sm::bulk_load(dst, ga + size_t{c} * ChunkBytes, ChunkBytes, bar);
+    sm::bulk_load(dst + ChunkBytes, gb + size_t{c} * ChunkBytes, ChunkBytes, bar);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Stages; ++s) sm::mbar_init(sm::smem_addr(&full[s]), 1);
+    sm::mbar_init_fence();
+    for (int s = 0; s < Stages && blockIdx.x + s * stride < chunks; ++s) load(blockIdx.x + s * stride, s);
+  }
+  __syncthreads();  // the barriers' inits, before anyone waits on them
+  // Slot s's barrier completes one phase per chunk it holds; a slot is refilled
+  // only after every thread has passed the __syncthreads that follows its wait,
+  // so no thread is ever more than one phase behind and parity alone names it.
+  int s = 0;
+  uint32_t parity = 0;
+  for (uint32_t c = blockIdx.x; c < chunks; c += stride) {
+    uint8_t* slot = smem + s * kSlot;
+    sm::mbar_wait(sm::smem_addr(&full[s]), parity);
+    const auto* sa = reinterpret_cast<const VecT*>(slot);
+    const auto* sb = reinterpret_cast<const VecT*>(slot + ChunkBytes);
+    auto* so = reinterpret_cast<VecT*>(slot + 2 * ChunkBytes);
+#pragma unroll
+    for (int i = 0; i < ChunkBytes / 16 / Threads; ++i) {
+      const int j = threadIdx.x + i * Threads;
+      const VecT in[2] = {sa[j], sb[j]};
+      VecT out[1];
+      cu::apply_vec<T, V, 2, 1>(in, out, cu::Binary<AddOp>{});
+      so[j] = out[0];
+    }
+    sm::fence_proxy_async();  // the bulk store (async proxy) reads what this thread just wrote
+    // The next chunk writes the out buffer that the store of Stages - 1 chunks
+    // ago reads: with this chunk's store not yet committed, Stages - 2 groups
+    // may stay pending; the __syncthreads passes the wait on to every writer.
+    if (threadIdx.x == 0) bulk_wait_read<Stages - 2>();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      bulk_store(go + size_t{c} * ChunkBytes, sm::smem_addr(so), ChunkBytes);
+      bulk_commit();
+      // Every thread has read this slot's inputs (the __syncthreads above).
+      if (c + Stages * stride < chunks) load(c + Stages * stride, s);
+    }
+    if (++s == Stages) {
+      s = 0;
+      parity ^= 1;
+    }
+  }
+  if (threadIdx.x == 0) bulk_wait_all();  // shared memory must outlive the last stores' reads
+#else
+  __trap();  // bulk copies need sm_90a; bulk mode launches this only where sm90a_code_loaded()
+#endif
+}
+
+// Time of add_bulk over n elements, BlocksPerSm blocks on every SM. Exits if
+// the chunk does not divide the data or the grid would not be resident at once
+// (the persistent walk assumes it).
+template <typename T, int Threads, int Stages, int ChunkBytes, int BlocksPerSm>
+float bulk_us(int64_t n, T* a, T* b, T* o) {
+  constexpr int kSmem = Stages * 3 * ChunkBytes;
+  static const int grid = [] {
+    CHECK(cudaFuncSetAttribute(add_bulk<T, Threads, Stages, ChunkBytes>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSmem));
+    int sms = 0, resident = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, add_bulk<T, Threads, Stages, ChunkBytes>, Threads,
+                                                        kSmem));
+    if (resident < BlocksPerSm) {
+      std::printf("FAIL bulk %d thr %d x %d B: %d blocks resident per SM, want %d\n", Threads, Stages, ChunkBytes,
+                  resident, BlocksPerSm);
+      std::exit(1);
+    }
+    return sms * BlocksPerSm;
+  }();
+  if (n * sizeof(T) % ChunkBytes != 0) {
+    std::printf("FAIL bulk: %lld bytes not a multiple of the %d-byte chunk\n", static_cast<long long>(n * sizeof(T)),
+                ChunkBytes);
+    std::exit(1);
+  }
+  const auto chunks = static_cast<uint32_t>(n * sizeof(T) / ChunkBytes);
+  return median_us([&] { add_bulk<T, Threads, Stages, ChunkBytes><<<grid, Threads, kSmem>>>(a, b, o, chunks); });
+}
+
+// Each variant fills 192 KB of an SM's 228 KB of shared memory (3 buffers a
+// slot): one deep block of 16 KB chunks; two blocks of 16 KB (room for 2
+// stages) or 8 KB chunks (4 stages); four blocks of 128 threads on 4 KB chunks.
+template <typename T>
+void bulk_copies(const char* dtype) {
+  for (int log2n : {26, 28}) {
+    AddBuffers<T> m(log2n);
+    const std::vector<std::function<float()>> variants = {
+        [&] { return bulk_us<T, 256, 4, 16384, 1>(m.n, m.a, m.b, m.o); },
+        [&] { return bulk_us<T, 256, 2, 16384, 2>(m.n, m.a, m.b, m.o); },
+        [&] { return bulk_us<T, 256, 4, 8192, 2>(m.n, m.a, m.b, m.o); },
+        [&] { return bulk_us<T, 128, 4, 4096, 4>(m.n, m.a, m.b, m.o); }};
+    if (log2n == 26) check_against_op(dtype, m, variants);
+    std::vector<std::function<float()>> timed = {[&] { return add_us<T, 256, 1>(m.n, m.a, m.b, m.o); }};
+    timed.insert(timed.end(), variants.begin(), variants.end());
+    const auto med = interleaved_medians(timed);
+    std::printf("add %-8s 2^%-3d op's kernel %7.1f us | bulk 256thr 4x16K 1/SM %7.1f | 256thr 2x16K 2/SM %7.1f | "
+                "256thr 4x8K 2/SM %7.1f | 128thr 4x4K 4/SM %7.1f\n",
+                dtype, log2n, med[0], med[1], med[2], med[3], med[4]);
   }
 }
 
@@ -446,12 +596,20 @@ int main(int argc, char** argv) {
       multi_vectors<float>("float32");
       multi_vectors<__half>("float16");
       multi_vectors<__nv_bfloat16>("bfloat16");
+    } else if (mode == "bulk") {
+      if (!opforge::sm90::sm90a_code_loaded()) {
+        std::printf("bulk: needs this binary's sm_90a code on a 9.0 GPU; skipped\n");
+        continue;
+      }
+      bulk_copies<float>("float32");
+      bulk_copies<__half>("float16");
+      bulk_copies<__nv_bfloat16>("bfloat16");
     } else if (mode == "aligned") {
       aligned_threads<float>("float32");
       aligned_threads<__half>("float16");
       aligned_threads<__nv_bfloat16>("bfloat16");
     } else {
-      std::printf("unknown mode %s (sweep, sigmoid, small, aligned, hints, multi)\n", mode.c_str());
+      std::printf("unknown mode %s (sweep, sigmoid, small, aligned, hints, multi, bulk)\n", mode.c_str());
       return 2;
     }
   }

@@ -370,6 +370,17 @@ qqq-ws)
     && timeout 400 /tmp/qqq_tune --ws > "$OUT/qqq-ws.txt" 2>&1; echo "qqq_tune rc=$?"
   grep -E "^check|FAIL" "$OUT/qqq-ws.txt" | head -20; grep -E "^(op|time)" "$OUT/qqq-ws.txt" | cut -c1-120
   ;;
+fold-bulk)
+  # Two experiments in one call: qqq_tune --fold (per group, the group scales folded per slot into
+  # partial sums instead of applied in the conversion: checks, then M = 1 .. 64 beside the op), and
+  # elementwise_tune bulk (add through TMA bulk copies against the op's kernel).
+  build_driver qqq_tune \
+    && timeout 300 /tmp/qqq_tune --fold > "$OUT/qqq-fold.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^check|FAIL" "$OUT/qqq-fold.txt" | head -20; grep -E "^(op|time)" "$OUT/qqq-fold.txt" | cut -c1-110
+  build_driver elementwise_tune \
+    && timeout 150 /tmp/elementwise_tune bulk > "$OUT/elementwise-bulk.txt" 2>&1; echo "elementwise_tune rc=$?"
+  cat "$OUT/elementwise-bulk.txt"
+  ;;
 ncu-ws)
   # Kernel-only profiles (ncu) of the wgmma kernel at K = N = 8192 (qqq_tune --ncu-ws): what bounds it.
   build_driver qqq_tune || exit 1

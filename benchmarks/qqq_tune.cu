@@ -174,6 +174,7 @@ static void check_config(const char* name, int sms) {
       {1, 32, 32, -1, false},   {7, 96, 96, 32, false},     {16, 256, 160, 128, false}, {33, 4096, 128, 128, false},
       {100, 384, 288, 64, false}, {128, 1024, 256, -1, false}, {200, 512, 96, 128, false}, {5, 11008, 64, 128, false},
       {3, 1024, 96, -1, true},  {64, 1024, 64, 128, true},   {17, 0, 64, -1, false},      {129, 2048, 416, 128, false},
+      {24, 1024, 192, 256, false}, {20, 768, 128, 64, true},
   };
   int n_ok = 0, n_runs = 0;
   int index = -1;
@@ -253,14 +254,15 @@ static void check_config(const char* name, int sms) {
 static void check_op_launcher(int sms) {
   (void)sms;
   const int cases[][4] = {{1, 8192, 256, -1}, {5, 2048, 8192, -1}, {16, 4096, 4096, -1}, {16, 4096, 1024, 128}, {33, 11008, 128, 128}, {59, 256, 1024, -1},
-                          {64, 1024, 512, 128}, {64, 1024, 512, -1}, {128, 1024, 4096, 128}, {200, 512, 96, -1}, {7, 0, 64, -1}};
+                          {64, 1024, 512, 128}, {64, 1024, 512, -1}, {128, 1024, 4096, 128}, {200, 512, 96, -1}, {7, 0, 64, -1},
+                          {9, 512, 256, 64}, {20, 1024, 256, 64}, {40, 2048, 384, 256}, {3, 2048, 640, 128}};
   int ok = 0, runs = 0;
   for (const auto& c : cases) {
     if (g_light && c[0] * static_cast<int64_t>(c[1]) * c[2] > (int64_t{1} << 24)) continue;
     const Problem p = make_problem(c[0], c[1], c[2], c[3], 77u + c[0] + c[1]);
     const std::vector<float> ref = reference(p);
     Device d = upload(p, DType::Float32);
-    d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs > 0));
+    d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs));
     if (d.ws_bytes) CHECK(cudaMalloc(&d.ws, d.ws_bytes));
     for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be left as found
       ++runs;
@@ -386,7 +388,7 @@ static void time_op(Timed& t, float read_dirty, float read_clean) {
   const Problem& p = t.p;
   if (t.d.ws) CHECK(cudaFree(t.d.ws));
   t.d.ws = nullptr;
-  t.d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs > 0));
+  t.d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs));
   if (t.d.ws_bytes) CHECK(cudaMalloc(&t.d.ws, t.d.ws_bytes));
   const QqqGemmArgs args = args_of(p, t.d, DType::Float16);
   float us[3];
@@ -439,6 +441,11 @@ using WS32x1_nomma = WsConfig<32, 1, 8, 2, 1, false, 2>;
 // The weights by one TMA box per slot (WTMA), and the op's candidates.
 using WS32x1b2 = WsConfig<32, 1, 8, 2, 2>;
 using WS32x1t_nomma = WsConfig<32, 1, 8, 2, 1, true, 2>;
+// Group scales folded into per-slot partial sums (FOLD sets) instead of
+// applied in the conversion: the op's M <= 32 and M <= 64 shapes, and deeper.
+// (One set: the op's Ws32Group and Ws64.) Two sets, at 2 and 1 CTAs per SM.
+using WS32fold2 = WsConfig<32, 1, 8, 2, 2, true, 0, 2>;
+using WS32fold2b1 = WsConfig<32, 1, 8, 2, 1, true, 0, 2>;
 
 // Issue 8's three shapes, each scheme: per_weights(weights, K, N, gs,
 // read-only time under the reading flush), then per_m(problem, read-only
@@ -567,6 +574,43 @@ static void ws_m(int sms) {
       });
 }
 
+// --fold: the group scales folded per slot (per group 128) at M = 1 .. 64
+// beside the op's choice, in which the kernels before it are timed too; the
+// wgmma kernel per channel at M <= 16 (the direct kernel's range) and the
+// fold's 64-row tiles at M = 128.
+static void fold_m(int sms) {
+  check_config<WS32fold2>("WS32fold2", sms);
+  check_config<WS32fold2b1>("WS32fold2b1", sms);
+  if (g_failures) return;
+  for_small_cases(
+      {1, 4, 8, 16, 32, 64, 128}, [](const Device&, int, int, float) {},
+      [&](Timed& t, float read_clean) {
+        const std::vector<int> autos = {0}, some = {0, 2, 4};
+        const int M = t.p.M;
+        time_op(t, 0, read_clean);
+        if (t.p.gs < 0) {
+          if (M <= 16) time_config<Ws32>("Ws32 (op, M<=32)", t, sms, some, Flush::Clean);
+          return;
+        }
+        if (M == 4 || M == 8) return;
+        if (M <= 16) {
+          time_config<Narrow>("Narrow", t, sms, autos, Flush::Clean);
+          time_config<Wide>("Wide", t, sms, autos, Flush::Clean);
+        }
+        if (M <= 32) {
+          time_config<Ws32Group>("Ws32Group (op)", t, sms, some, Flush::Clean);
+          time_config<WS32fold2>("WS32fold2", t, sms, autos, Flush::Clean);
+          time_config<WS32fold2b1>("WS32fold2b1", t, sms, autos, Flush::Clean);
+        } else if (M <= 64) {
+          time_config<Ws64>("Ws64 (op)", t, sms, some, Flush::Clean);
+        } else {
+          time_config<Ws128Group>("Ws128Group (op)", t, sms, autos, Flush::Clean);
+          time_config<Ws64>("Ws64 fold (M128)", t, sms, some, Flush::Clean);
+          time_config<Ws32Group>("Ws32Group fold (M128)", t, sms, autos, Flush::Clean);
+        }
+      });
+}
+
 // --ncu: one call each (after a warm-up) of the read-only kernel and the M = 1
 // kernels at K = N = 8192, for ncu's kernel-only durations.
 static void ncu_m1(int sms) {
@@ -619,6 +663,7 @@ int main(int argc, char** argv) {
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
   const bool direct = argc > 1 && std::strcmp(argv[1], "--direct") == 0;
   const bool ws = argc > 1 && std::strcmp(argv[1], "--ws") == 0;
+  const bool fold = argc > 1 && std::strcmp(argv[1], "--fold") == 0;
   const bool ws_probe_mode = argc > 1 && std::strcmp(argv[1], "--ws-probe") == 0;
   const bool ncu_probe = ws_probe_mode && std::getenv("QQQ_NCU_ONLY") != nullptr;
   if (argc > 1 && (std::strcmp(argv[1], "--ncu") == 0 || std::strcmp(argv[1], "--ncu-ws") == 0 || ncu_probe)) {
@@ -660,11 +705,12 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
-  if (small || direct || ws || ws_probe_mode) {
+  if (small || direct || ws || ws_probe_mode || fold) {
     g_copy_gbps = 4200;  // the floor column only; measured below in the full run
     if (small) small_m(sms);
     if (direct) direct_m(sms);
     if (ws) ws_m(sms);
+    if (fold) fold_m(sms);
     if (ws_probe_mode) ws_probe(sms);
     std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
     return g_failures ? 1 : 0;

@@ -24,19 +24,29 @@ for cu in csrc/ops/*/*.cu; do
   else
     echo "ok   $cu: $kernels kernel builds (sm_80, sm_90a), max $max_regs registers, 0 spills"
   fi
-  # ptxas serialising wgmmas (C7520) or injecting warpgroup arrives around them (C7519) means
-  # the pipeline the kernel was written for is not the one that runs.
-  if grep -q "C7520\|C7519" "$log"; then
-    echo "FAIL $cu: ptxas serialises or fences wgmmas:"; grep "C7520\|C7519" "$log" | head -3; status=1
+  # ptxas serialising wgmmas (C7520, or C7514: other instructions reading a wgmma's accumulators
+  # while it may run) or injecting warpgroup arrives around them (C7519) means the pipeline the
+  # kernel was written for is not the one that runs.
+  if grep -q "C7520\|C7519\|C7514" "$log"; then
+    echo "FAIL $cu: ptxas serialises or fences wgmmas:"; grep "C7520\|C7519\|C7514" "$log" | head -3; status=1
   fi
   # A kernel folder that writes wgmma must get Hopper's warpgroup MMA (HGMMA, IGMMA for int8) into its sm_90a
   # machine code, not a fallback: the guards (__CUDA_ARCH_FEAT_SM90_ALL) must let it through.
+  # Without cuobjdump (some toolkit installs ship only the compiler), the sm_90a PTX is read instead:
+  # ptxas turns every wgmma.mma_async that reaches it into [HI]GMMA.
   if grep -qs "wgmma.mma_async" "$(dirname "$cu")"/*.cu "$(dirname "$cu")"/*.cuh; then
-    hgmma=$(cuobjdump -sass -arch sm_90a "$out/$(basename "$cu").o" 2>/dev/null | grep -cE "[HI]GMMA" || true)
-    if [ "$hgmma" -gt 0 ]; then
-      echo "ok   $cu: $hgmma HGMMA/IGMMA instructions in the sm_90a code"
+    if command -v cuobjdump >/dev/null; then
+      what="HGMMA/IGMMA instructions in the sm_90a code"
+      hgmma=$(cuobjdump -sass -arch sm_90a "$out/$(basename "$cu").o" 2>/dev/null | grep -cE "[HI]GMMA" || true)
     else
-      echo "FAIL $cu: its folder writes wgmma.mma_async but its sm_90a code has no HGMMA/IGMMA"; status=1
+      what="wgmma.mma_async instructions in the sm_90a PTX (no cuobjdump here)"
+      "$NVCC" -std=c++17 -O3 -Icsrc -arch=compute_90a -ptx "$cu" -o "$out/$(basename "$cu").ptx" >>"$log" 2>&1
+      hgmma=$(grep -c "wgmma.mma_async" "$out/$(basename "$cu").ptx" 2>/dev/null || true)
+    fi
+    if [ "${hgmma:-0}" -gt 0 ]; then
+      echo "ok   $cu: $hgmma $what"
+    else
+      echo "FAIL $cu: its folder writes wgmma.mma_async but none reaches its sm_90a code ($what: 0)"; status=1
     fi
   fi
 done

@@ -47,9 +47,22 @@ using DirectPair = Config<1, 1, 2, 4, 4, 8, 1, true>;
 // 4 or 8 slots instead of 6, or 3 units' wgmmas in flight instead of 1: within
 // 5 %; the weights by one bulk copy per stripe instead of one TMA box: up to
 // 14 % slower per group (qqq-ws-first_..., qqq-ws-probe_...).
+// Per group with groups of whole slots (group_size a multiple of 128), the
+// last template argument folds the group scales into per-slot partial sums
+// (one set) instead of applying them in every weight byte's conversion; then
+// the wgmma kernel also takes M <= 16 per group. qqq_tune --fold
+// (qqq-fold_nvidia-h200_2026-11-23.txt), per group 128, against the kernels
+// before it, K = N = 8192 / 4096 x 11008 / 11008 x 4096:
+//   M = 1:  19.6 / 16.2 / 17.4 us (staged tiles 20.9 / 19.1 / 18.7);
+//   M = 16: 18.9 / 15.9 / 17.2 (22.2 / 19.7 / 19.9);
+//   M = 32: 19.3 / 16.8 / 17.6 (the conversion 26.3 / 21.4 / 22.6);
+//   M = 64: 22.8 / 20.1 / 20.6 (29.5 / 24.1 / 26.0).
+// Two sets of partial sums (the next slot's wgmmas running during the fold)
+// were slower, 19.8-22.9 us at M = 32: ptxas serialises the wgmmas when
+// other instructions read accumulators between a wgmma and its wait_group 0.
 using Ws32 = qqq::WsConfig<32, 1, 8, 2, 1, true>;
-using Ws32Group = qqq::WsConfig<32, 1, 8, 2, 2, true>;
-using Ws64 = qqq::WsConfig<64, 1, 4, 2, 2, true>;
+using Ws32Group = qqq::WsConfig<32, 1, 8, 2, 2, true, 0, 1>;
+using Ws64 = qqq::WsConfig<64, 1, 4, 2, 2, true, 0, 1>;
 using Ws128 = qqq::WsConfig<128, 1, 6, 2, 1, true>;
 using Ws128Group = qqq::WsConfig<128, 2, 4, 2, 1, true>;
 // Elsewhere (no sm_90a code, another GPU), mma.sync tiles:
@@ -68,10 +81,20 @@ using Large = Config<4, 2, 4, 1, 4, 4, 1>;
 
 // Calls f(config, plan) with the configuration and plan for this problem.
 template <class F>
-auto with_plan(int64_t M, int64_t N, int64_t K, bool grouped, F&& f) {
+auto with_plan(int64_t M, int64_t N, int64_t K, int64_t group_size, F&& f) {
+  const bool grouped = group_size > 0;
   // Cached per device (cuda_utils.cuh): the plan runs on every call.
   const int sms = cuda::sm_count();
-  if (M <= 16 && !grouped) {
+  // Cached per device too: is this library's sm_90a code what runs here?
+  const bool wgmma = K > 0 && sm90::sm90a_code_loaded();
+  const bool fold = wgmma && grouped && group_size % Ws32Group::BK == 0;
+  // Below 17 rows the wgmma kernel (32-row tiles) also wins per group when it
+  // folds, and per channel from 8 rows. qqq_tune --fold (qqq-fold_...txt), per
+  // channel, Ws32 against the direct kernel, K = N = 8192 / 4096 x 11008 /
+  // 11008 x 4096: M = 16 16.5 / 13.2 / 15.2 us (18.8 / 15.4 / 16.2), M = 8
+  // 16.7 / 12.9 / 14.9 (16.4 / 13.6 / 15.6), M = 4 17.6 / 13.1 / 16.0 (15.6 / 13.2 / 14.3).
+  const bool wgmma_small = grouped ? fold : wgmma && M >= 8;
+  if (M <= 16 && !grouped && !wgmma_small) {
     if (N / 32 <= sms) {
       const Plan direct = qqq::make_plan<DirectStripe>(M, N, K, sms);
       if (direct.splits == 1) return f(DirectStripe{}, direct);
@@ -80,19 +103,21 @@ auto with_plan(int64_t M, int64_t N, int64_t K, bool grouped, F&& f) {
       if (direct.splits == 1) return f(DirectPair{}, direct);
     }
   }
-  if (M <= 16) {
+  if (M <= 16 && !wgmma_small) {
     int64_t cost_narrow = 0, cost_wide = 0;
     const Plan narrow = qqq::make_plan<Narrow>(M, N, K, sms, 0, &cost_narrow);
     const Plan wide = qqq::make_plan<Wide>(M, N, K, sms, 0, &cost_wide);
     return cost_wide <= cost_narrow ? f(Wide{}, wide) : f(Narrow{}, narrow);
   }
-  // Cached per device too: is this library's sm_90a code what runs here?
-  if (K > 0 && sm90::sm90a_code_loaded()) {
+  if (wgmma) {
     if (M <= 32) {
       return grouped ? f(Ws32Group{}, qqq::make_plan<Ws32Group>(M, N, K, sms))
                      : f(Ws32{}, qqq::make_plan<Ws32>(M, N, K, sms));
     }
-    if (M <= 64) return f(Ws64{}, qqq::make_plan<Ws64>(M, N, K, sms));
+    // Folded per group, two 64-row tiles beat one of 128 at M = 128: 30.8 / 27.1 /
+    // 25.6 us against 37.3 / 31.7 / 36.1 (qqq-fold_...txt); larger M keeps the
+    // 128-row tiles, where the multiplies weigh more (not measured).
+    if (M <= 64 || (fold && M <= 128)) return f(Ws64{}, qqq::make_plan<Ws64>(M, N, K, sms));
     return grouped ? f(Ws128Group{}, qqq::make_plan<Ws128Group>(M, N, K, sms))
                    : f(Ws128{}, qqq::make_plan<Ws128>(M, N, K, sms));
   }
@@ -107,13 +132,13 @@ auto with_plan(int64_t M, int64_t N, int64_t K, bool grouped, F&& f) {
 
 }  // namespace
 
-int64_t qqq_gemm_workspace_bytes(int64_t M, int64_t N, int64_t K, bool grouped) {
-  return with_plan(M, N, K, grouped, [](auto, const Plan& plan) { return plan.workspace_bytes(); });
+int64_t qqq_gemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t group_size) {
+  return with_plan(M, N, K, group_size, [](auto, const Plan& plan) { return plan.workspace_bytes(); });
 }
 
 const char* qqq_gemm_cuda(const QqqGemmArgs& args, void* stream) {
   const bool grouped = args.s_group != nullptr;
-  return with_plan(args.M, args.N, args.K, grouped, [&](auto c, const Plan& plan) -> const char* {
+  return with_plan(args.M, args.N, args.K, grouped ? args.group_size : -1, [&](auto c, const Plan& plan) -> const char* {
     using C = decltype(c);
     return grouped ? qqq::launch<C, true>(args, plan, stream) : qqq::launch<C, false>(args, plan, stream);
   });

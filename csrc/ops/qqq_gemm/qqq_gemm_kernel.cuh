@@ -710,6 +710,23 @@ constexpr auto kernel_of() {
   }
 }
 
+// The wgmma kernel's launch: its shared memory, the tensor maps.
+template <class C, bool GROUPED, bool FOLD>
+const char* launch_ws(const Params& p, const Plan& plan, int64_t blocks, cudaStream_t s) {
+  if (!sm90::sm90a_code_loaded()) return "opforge::qqq_gemm: the wgmma kernel needs a 9.0 GPU and sm_90a code";
+  constexpr auto kernel = qqq_ws_kernel<C, GROUPED, FOLD>;
+  if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
+  CUtensorMap map_a, map_w;
+  std::memset(&map_a, 0, sizeof map_a);  // K = 0: no load is issued
+  std::memset(&map_w, 0, sizeof map_w);
+  if (p.K > 0 && (!make_a_map(&map_a, p.a, p.M, p.K, C::BM) ||
+                  (C::WTMA && !make_w_map(&map_w, p.w, p.N, p.K, C::BN / 32)))) {
+    return "opforge::qqq_gemm: cuTensorMapEncodeTiled failed";
+  }
+  kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p, map_a, map_w);
+  return cuda::error_string(cudaGetLastError());
+}
+
 template <class C, bool GROUPED>
 const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
@@ -741,17 +758,11 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
     if (const char* e = cuda::error_string(cudaMemsetAsync(p.counters, 0, plan.counters_bytes, s))) return e;
   }
   if constexpr (C::WS) {
-    if (!sm90::sm90a_code_loaded()) return "opforge::qqq_gemm: the wgmma kernel needs a 9.0 GPU and sm_90a code";
-    constexpr auto kernel = qqq_ws_kernel<C, GROUPED>;
-    if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
-    CUtensorMap map_a, map_w;
-    std::memset(&map_a, 0, sizeof map_a);  // K = 0: no load is issued
-    std::memset(&map_w, 0, sizeof map_w);
-    if (p.K > 0 && (!make_a_map(&map_a, p.a, p.M, p.K, C::BM) ||
-                    (C::WTMA && !make_w_map(&map_w, p.w, p.N, p.K, C::BN / 32)))) {
-      return "opforge::qqq_gemm: cuTensorMapEncodeTiled failed";
+    // Group scales once per slot when every group spans whole slots.
+    if constexpr (GROUPED && C::FOLD > 0) {
+      if (p.group_size % C::BK == 0) return launch_ws<C, true, true>(p, plan, blocks, s);
     }
-    kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p, map_a, map_w);
+    return launch_ws<C, GROUPED, false>(p, plan, blocks, s);
   } else {
     constexpr auto kernel = kernel_of<C, GROUPED>();
     if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;

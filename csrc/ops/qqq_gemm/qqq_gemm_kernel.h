@@ -22,8 +22,9 @@ struct QqqGemmArgs {
 };
 
 // Bytes of device workspace the launch needs on the current device (split-K
-// partial sums and arrival counters; 0 when no split is needed).
-int64_t qqq_gemm_workspace_bytes(int64_t M, int64_t N, int64_t K, bool grouped);
+// partial sums and arrival counters; 0 when no split is needed). group_size as
+// in QqqGemmArgs: the kernel, hence its splits, depends on it.
+int64_t qqq_gemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t group_size);
 
 // Enqueues the GEMM on `stream` (a cudaStream_t). Returns nullptr or the CUDA error.
 const char* qqq_gemm_cuda(const QqqGemmArgs& args, void* stream);

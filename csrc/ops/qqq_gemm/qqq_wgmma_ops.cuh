@@ -22,30 +22,34 @@ struct WgmmaS8;
 #define OPF_QQQ_D32(i) OPF_QQQ_D16(i), OPF_QQQ_D16((i) + 16)
 #define OPF_QQQ_D64(i) OPF_QQQ_D32(i), OPF_QQQ_D32((i) + 32)
 
-// NREG = N / 2 accumulators; the four A registers and the descriptor follow
-// them as operands A0 .. A0 + 3 and B_OP (literals: the asm string needs them).
-// The last operand, scale-d = 1, always accumulates: the registers start at 0.
+// NREG = N / 2 accumulators; the four A registers, the descriptor and the
+// scale-d flag follow them as operands A0 .. A0 + 3, B_OP and B_OP + 1 (literals:
+// the asm string needs them). scale-d: 1 accumulates, 0 overwrites (the first
+// k32 unit of a group-scale fold, which starts a fresh partial sum).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP)                                                              \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {" OPF_ASM_OPS##NREG "}, {%" #A0 ", %" #A1 \
-               ", %" #A2 ", %" #A3 "}, %" #B_OP ", 1;\n"                                                         \
-               : OPF_QQQ_D##NREG(0)                                                                              \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP, S_OP)                                                       \
+  asm volatile(                                                                                                \
+      "{\n.reg .pred sd;\nsetp.ne.b32 sd, %" #S_OP ", 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {" OPF_ASM_OPS##NREG "}, {%" #A0 ", %" #A1 ", %" #A2 \
+      ", %" #A3 "}, %" #B_OP ", sd;\n}\n"                                                                      \
+      : OPF_QQQ_D##NREG(0)                                                                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 #else
-#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP) ((void)d, (void)a, (void)desc_b)
+#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP, S_OP) ((void)d, (void)a, (void)desc_b, (void)accumulate)
 #endif
 
-#define OPF_QQQ_WGMMA(N, NREG, A0, A1, A2, A3, B_OP)                                                  \
-  template <>                                                                                        \
-  struct WgmmaS8<N> {                                                                                \
-    static __device__ __forceinline__ void mma(int32_t* d, const uint32_t (&a)[4], uint64_t desc_b) { \
-      OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP);                                                    \
-    }                                                                                                \
+#define OPF_QQQ_WGMMA(N, NREG, A0, A1, A2, A3, B_OP, S_OP)                                             \
+  template <>                                                                                         \
+  struct WgmmaS8<N> {                                                                                 \
+    static __device__ __forceinline__ void mma(int32_t* d, const uint32_t (&a)[4], uint64_t desc_b,   \
+                                               uint32_t accumulate = 1) {                             \
+      OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP, S_OP);                                               \
+    }                                                                                                 \
   }
 
-OPF_QQQ_WGMMA(32, 16, 16, 17, 18, 19, 20);
-OPF_QQQ_WGMMA(64, 32, 32, 33, 34, 35, 36);
-OPF_QQQ_WGMMA(128, 64, 64, 65, 66, 67, 68);
+OPF_QQQ_WGMMA(32, 16, 16, 17, 18, 19, 20, 21);
+OPF_QQQ_WGMMA(64, 32, 32, 33, 34, 35, 36, 37);
+OPF_QQQ_WGMMA(128, 64, 64, 65, 66, 67, 68, 69);
 
 #undef OPF_QQQ_WGMMA
 #undef OPF_QQQ_ASM

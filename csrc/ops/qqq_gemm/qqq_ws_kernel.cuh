@@ -30,12 +30,19 @@
 namespace opforge::qqq {
 namespace {
 
-template <int BM_, int CONSUMERS_, int STAGES_, int FRAGS_, int MINB_ = 1, bool WTMA_ = false, int PROBE_ = 0>
+template <int BM_, int CONSUMERS_, int STAGES_, int FRAGS_, int MINB_ = 1, bool WTMA_ = false, int PROBE_ = 0,
+          int FOLD_ = 0>
 struct WsConfig {
   // WTMA: the slot's weights (all its stripes) by one TMA box of a second
   // tensor map instead of one bulk copy per stripe.
   static constexpr bool WTMA = WTMA_;
   static constexpr int PROBE = PROBE_;  // tuning only: 1 skips the conversion, 2 the wgmmas (wrong results)
+  // Per group, when a group spans whole slots (group_size a multiple of BK):
+  // FOLD sets (1 or 2) of per-slot partial sums, converted as per channel and
+  // scaled once per slot, instead of the group scale in every weight byte's
+  // conversion (0). Two sets let the next slot's wgmmas run while the last
+  // slot's sums are folded; one waits for them.
+  static constexpr int FOLD = FOLD_;
   static constexpr int BM = BM_;  // rows of `a` per tile: the wgmma's N
   static constexpr int CONSUMERS = CONSUMERS_;
   static constexpr int STAGES = STAGES_;
@@ -44,6 +51,7 @@ struct WsConfig {
   static constexpr bool DIRECT = false, WS = true;
   static_assert(BM == 32 || BM == 64 || BM == 128, "wgmma n32, n64 or n128");
   static_assert(FRAGS == 1 || FRAGS == 2 || FRAGS == 4, "the set of a unit known at compile time");
+  static_assert(FOLD == 0 || (FOLD <= 2 && FRAGS <= 2), "a fold needs the last slot's wgmmas done after unit 0");
   static constexpr int THREADS = 128 * (1 + CONSUMERS);
   static constexpr int BN = 128 * CONSUMERS;
   static constexpr int KU = 4;  // k32 units per stage: 128 bytes of a row, one swizzle span
@@ -92,13 +100,14 @@ __device__ __forceinline__ void ws_epilogue(const Params& p, const int32_t* flat
   }
 }
 
-template <class C, bool GROUPED>
+template <class C, bool GROUPED, bool FOLD = false>
 __global__ void __launch_bounds__(C::THREADS, C::MINB)
     qqq_ws_kernel(const Params p, const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace opforge::sm90;
   constexpr int STAGES = C::STAGES, KU = C::KU;
   constexpr int kConsumerThreads = 128 * C::CONSUMERS;
+  static_assert(!FOLD || (GROUPED && C::FOLD > 0), "a fold is per group, with its partial sums");
   extern __shared__ __align__(1024) uint8_t ws_smem[];
   __shared__ int s_last;
   __shared__ uint32_t s_bad;
@@ -138,7 +147,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
         const int units = min(KU, KB - kb0);
         const uint32_t bar = full + 8 * slot;
         const uint32_t w_bytes_in = C::WTMA ? C::B_STAGE : stripes * units * 512;
-        mbar_expect_tx(bar, C::A_STAGE + w_bytes_in + (GROUPED ? units * stripes * 32 : 0));
+        mbar_expect_tx(bar, C::A_STAGE + w_bytes_in + (FOLD ? stripes * 32 : GROUPED ? units * stripes * 32 : 0));
         // Rows past M and k past K arrive as zeros (a TMA box counts in full).
         tma_load_2d(base + slot * C::A_STAGE, &tma_a, bar, kb0 * 32, place.m0);
         if constexpr (C::WTMA) {
@@ -149,7 +158,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
             bulk_load(base + kW + slot * C::B_STAGE + s * KU * 512, w_bytes + unit0 * 512, units * 512, bar);
           }
         }
-        if constexpr (GROUPED) {
+        if constexpr (FOLD) {
+          // One group row serves the whole slot.
+          const int64_t row = static_cast<int64_t>(kb0) * 32 / p.group_size;
+          bulk_load(base + kG + slot * C::G_STAGE, p.s_group + row * p.N + place.n0, stripes * 32, bar);
+        } else if constexpr (GROUPED) {
           for (int u = 0; u < units; ++u) {
             const int64_t row = static_cast<int64_t>(kb0 + u) * 32 / p.group_size;
             bulk_load(base + kG + slot * C::G_STAGE + u * C::BN, p.s_group + row * p.N + place.n0, stripes * 32, bar);
@@ -171,8 +184,29 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
   for (int r = 0; r < C::ACC; ++r) acc[r] = 0;
   uint32_t frag[C::FRAGS][2][4];
   uint32_t bad = 0;
+  // FOLD: the partial sums of a slot (per-channel conversion: 16 x the sum of
+  // q * a over its 128 k) and the scale word of the slot waiting to be folded.
+  int32_t part0[FOLD ? C::ACC : 1], part1[FOLD && C::FOLD == 2 ? C::ACC : 1];
+#pragma unroll
+  for (int r = 0; r < (FOLD ? C::ACC : 1); ++r) part0[r] = 0;
+#pragma unroll
+  for (int r = 0; r < (FOLD && C::FOLD == 2 ? C::ACC : 1); ++r) part1[r] = 0;
+  uint32_t s_prev = 0;
+  // acc += s * (t >> 4), s the group scale of each sum's column (byte j of the
+  // lane's word: column col0 + j, as in ws_epilogue). The shift is exact and
+  // keeps acc in the range of the in-conversion path (|acc| <= K * 128 * 128).
+  auto fold = [&](auto& t, uint32_t s4) {
+    fence_regs(t);
+#pragma unroll
+    for (int r = 0; r < C::ACC; ++r) {
+      const int j = 2 * (r / (C::BM / 2)) + (r % 4) / 2;
+      acc[r] += (t[r] >> 4) * static_cast<int32_t>((s4 >> (8 * j)) & 0xFFu);
+    }
+  };
 
-  for (int i = 0; i < n_iters; ++i) {
+  // Slot i into `cur` (the accumulators, or FOLD's partial sums, which unit 0
+  // overwrites); `prev`: FOLD's sums of slot i - 1, folded once they are complete.
+  auto run_slot = [&](int i, auto& cur, auto& prev) {
     const int slot = i % STAGES;
     mbar_wait(full + 8 * slot, (i / STAGES) & 1);
     const int kb0 = (place.it_begin + i) * KU;
@@ -194,16 +228,28 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 #pragma unroll
     for (int u = 0; u < KU; ++u) {
       wv[u] = *reinterpret_cast<const uint4*>(sw + u * 512);
-      if constexpr (GROUPED) sgw[u] = *reinterpret_cast<const uint32_t*>(sg + u * C::BN);
+      if constexpr (GROUPED && !FOLD) sgw[u] = *reinterpret_cast<const uint32_t*>(sg + u * C::BN);
+    }
+    // Every byte in [1, 16] exactly when no byte of (scales - 1) reaches 16: a
+    // zero byte borrows and turns 0xFF, a large one keeps its high nibble.
+    auto out_of_range = [](uint32_t w) { return static_cast<uint32_t>(((w - 0x01010101u) & 0xF0F0F0F0u) != 0); };
+    uint32_t s_slot = 0;
+    if constexpr (FOLD) {
+      s_slot = *reinterpret_cast<const uint32_t*>(sg);
+      bad |= out_of_range(s_slot) & live & 1u;
+      if constexpr (C::FOLD == 1) {
+        if (i > 0) {
+          wgmma_wait<0>();
+          fold(prev, s_prev);
+        }
+      }
     }
 #pragma unroll
     for (int u = 0; u < KU; ++u) {
       const uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
       uint32_t b[4][2];
-      if constexpr (GROUPED) {
-        // Every byte in [1, 16] exactly when no byte of (scales - 1) reaches
-        // 16: a zero byte borrows and turns 0xFF, a large one keeps its high nibble.
-        bad |= static_cast<uint32_t>(((sgw[u] - 0x01010101u) & 0xF0F0F0F0u) != 0) & (live >> u);
+      if constexpr (GROUPED && !FOLD) {
+        bad |= out_of_range(sgw[u]) & (live >> u);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const uint32_t s = __byte_perm(sgw[u], 0, 0x4440 + j);
@@ -228,26 +274,52 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
       }
       const uint64_t desc = swizzled_desc(a_slot + u * 32);
       if constexpr (C::PROBE == 2) {
-        acc[u] += f[0][0] ^ f[0][1] ^ f[0][2] ^ f[0][3] ^ f[1][0] ^ f[1][1] ^ f[1][2] ^ f[1][3] ^ static_cast<uint32_t>(desc);
+        cur[u] += f[0][0] ^ f[0][1] ^ f[0][2] ^ f[0][3] ^ f[1][0] ^ f[1][1] ^ f[1][2] ^ f[1][3] ^ static_cast<uint32_t>(desc);
         continue;
       }
+      const uint32_t accumulate = FOLD ? (u > 0) : 1u;
       wgmma_fence();
-      WgmmaS8<C::BM>::mma(acc, f[0], desc);
-      WgmmaS8<C::BM>::mma(acc + C::BM / 2, f[1], desc);
+      WgmmaS8<C::BM>::mma(cur, f[0], desc, accumulate);
+      WgmmaS8<C::BM>::mma(cur + C::BM / 2, f[1], desc, accumulate);
       wgmma_commit();
       // At most FRAGS - 1 units' wgmmas in flight: the set written next is
       // free, and those still running read this slot (FRAGS - 1 < KU).
       wgmma_wait<C::FRAGS - 1>();
+      // Two sets: slot i - 1's wgmmas are done now (FRAGS <= 2), so its sums
+      // are folded while unit 0's run.
+      if constexpr (FOLD && C::FOLD == 2) {
+        if (u == 0 && i > 0) fold(prev, s_prev);
+      }
     }
+    if constexpr (FOLD) s_prev = s_slot;
     // Slot i - 1 is read completely: back to the producer. Every consumer
     // thread arrives (release), so that its own shared-memory reads of the
     // slot come before the producer's next copy into it; with one arrive per
     // warp (lane 0, even after __syncwarp) racecheck saw the next bulk copy of
     // group scales race with the other lanes' reads (2,560 WAR hazards).
     if (i > 0) mbar_arrive(empty + 8 * ((i - 1) % STAGES));
+  };
+
+  if constexpr (!FOLD) {
+    for (int i = 0; i < n_iters; ++i) run_slot(i, acc, acc);
+    wgmma_wait<0>();
+    fence_regs(acc);
+  } else if constexpr (C::FOLD == 1) {
+    for (int i = 0; i < n_iters; ++i) run_slot(i, part0, part0);
+    wgmma_wait<0>();
+    if (n_iters > 0) fold(part0, s_prev);
+  } else {
+    for (int i = 0; i < n_iters; i += 2) {
+      run_slot(i, part0, part1);
+      if (i + 1 < n_iters) run_slot(i + 1, part1, part0);
+    }
+    wgmma_wait<0>();
+    if (n_iters % 2 == 1) {
+      fold(part0, s_prev);
+    } else if (n_iters > 0) {
+      fold(part1, s_prev);
+    }
   }
-  wgmma_wait<0>();
-  fence_regs(acc);
 
   // --- the CTA's bad-scale flag, split-K, epilogue (consumers only: the
   // producer warpgroup has left, so named barriers count consumer threads) ---

@@ -53,7 +53,7 @@ at::Tensor qqq_gemm(const at::Tensor& a, const at::Tensor& w_packed, const at::T
 #ifdef WITH_CUDA
   if (a.is_cuda()) {
     const c10::cuda::CUDAGuard guard(a.device());
-    const int64_t ws_bytes = opforge::qqq_gemm_workspace_bytes(M, N, K, grouped);
+    const int64_t ws_bytes = opforge::qqq_gemm_workspace_bytes(M, N, K, group_size);
     at::Tensor ws = at::empty({ws_bytes}, a.options().dtype(at::kByte));
     const opforge::QqqGemmArgs args{ac.data_ptr<int8_t>(), w_packed.data_ptr<int32_t>(), st.data_ptr<float>(), sc.data_ptr<float>(),
                                     grouped ? sg.data_ptr<int8_t>() : nullptr, out.data_ptr(), M, N, K, group_size,
