@@ -420,6 +420,20 @@ ws-final)
   qqq_bench
   rm -f "$OUT/qqq.log" "$OUT/env.txt"
   ;;
+fold-final)
+  # Issue 8 after the group-scale fold: qqq_tune --fold (every op configuration and the launcher bit-exact,
+  # then per group and small-M per channel times beside the launcher), the qqq_gemm and example CUDA
+  # tests, compute-sanitizer over qqq_tune --sanitize, the bench; at most 8 files back.
+  build_driver qqq_tune \
+    && timeout 200 /tmp/qqq_tune --fold > "$OUT/qqq-fold.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^check|FAIL|passed" "$OUT/qqq-fold.txt" | cut -c1-60
+  qqq_cuda_tests
+  timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k qqq \
+    > "$OUT/pytest-examples.log" 2>&1; echo "pytest examples rc=$?"; tail -n 2 "$OUT/pytest-examples.log"
+  qqq_sanitize
+  qqq_bench
+  rm -f "$OUT/qqq.log" "$OUT/env.txt"
+  ;;
 qqq-final)
   # Issue 8's evidence after a kernel change: the op's CUDA tests, compute-sanitizer's memcheck, racecheck
   # and synccheck over qqq_tune --sanitize (every op configuration, both schemes), then the bench.

@@ -61,8 +61,8 @@ using DirectPair = Config<1, 1, 2, 4, 4, 8, 1, true>;
 // were slower, 19.8-22.9 us at M = 32: ptxas serialises the wgmmas when
 // other instructions read accumulators between a wgmma and its wait_group 0.
 using Ws32 = qqq::WsConfig<32, 1, 8, 2, 1, true>;
-using Ws32Group = qqq::WsConfig<32, 1, 8, 2, 2, true, 0, 1>;
-using Ws64 = qqq::WsConfig<64, 1, 4, 2, 2, true, 0, 1>;
+using Ws32Group = qqq::WsConfig<32, 1, 8, 2, 2, true, 0, true>;
+using Ws64 = qqq::WsConfig<64, 1, 4, 2, 2, true, 0, true>;
 using Ws128 = qqq::WsConfig<128, 1, 6, 2, 1, true>;
 using Ws128Group = qqq::WsConfig<128, 2, 4, 2, 1, true>;
 // Elsewhere (no sm_90a code, another GPU), mma.sync tiles:

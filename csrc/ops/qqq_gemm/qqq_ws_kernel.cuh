@@ -31,18 +31,19 @@ namespace opforge::qqq {
 namespace {
 
 template <int BM_, int CONSUMERS_, int STAGES_, int FRAGS_, int MINB_ = 1, bool WTMA_ = false, int PROBE_ = 0,
-          int FOLD_ = 0>
+          bool FOLD_ = false>
 struct WsConfig {
   // WTMA: the slot's weights (all its stripes) by one TMA box of a second
   // tensor map instead of one bulk copy per stripe.
   static constexpr bool WTMA = WTMA_;
   static constexpr int PROBE = PROBE_;  // tuning only: 1 skips the conversion, 2 the wgmmas (wrong results)
   // Per group, when a group spans whole slots (group_size a multiple of BK):
-  // FOLD sets (1 or 2) of per-slot partial sums, converted as per channel and
-  // scaled once per slot, instead of the group scale in every weight byte's
-  // conversion (0). Two sets let the next slot's wgmmas run while the last
-  // slot's sums are folded; one waits for them.
-  static constexpr int FOLD = FOLD_;
+  // per-slot partial sums, converted as per channel and scaled once per slot,
+  // instead of the group scale in every weight byte's conversion. (A second
+  // set of partial sums, for the next slot's wgmmas to run during the fold,
+  // was slower: ptxas serialises wgmmas whose accumulators other instructions
+  // read before a wait_group 0; qqq-fold_nvidia-h200_2026-11-23.txt.)
+  static constexpr bool FOLD = FOLD_;
   static constexpr int BM = BM_;  // rows of `a` per tile: the wgmma's N
   static constexpr int CONSUMERS = CONSUMERS_;
   static constexpr int STAGES = STAGES_;
@@ -51,7 +52,6 @@ struct WsConfig {
   static constexpr bool DIRECT = false, WS = true;
   static_assert(BM == 32 || BM == 64 || BM == 128, "wgmma n32, n64 or n128");
   static_assert(FRAGS == 1 || FRAGS == 2 || FRAGS == 4, "the set of a unit known at compile time");
-  static_assert(FOLD == 0 || (FOLD <= 2 && FRAGS <= 2), "a fold needs the last slot's wgmmas done after unit 0");
   static constexpr int THREADS = 128 * (1 + CONSUMERS);
   static constexpr int BN = 128 * CONSUMERS;
   static constexpr int KU = 4;  // k32 units per stage: 128 bytes of a row, one swizzle span
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
   using namespace opforge::sm90;
   constexpr int STAGES = C::STAGES, KU = C::KU;
   constexpr int kConsumerThreads = 128 * C::CONSUMERS;
-  static_assert(!FOLD || (GROUPED && C::FOLD > 0), "a fold is per group, with its partial sums");
+  static_assert(!FOLD || (GROUPED && C::FOLD), "a fold is per group, in a configuration with partial sums");
   extern __shared__ __align__(1024) uint8_t ws_smem[];
   __shared__ int s_last;
   __shared__ uint32_t s_bad;
@@ -186,11 +186,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
   uint32_t bad = 0;
   // FOLD: the partial sums of a slot (per-channel conversion: 16 x the sum of
   // q * a over its 128 k) and the scale word of the slot waiting to be folded.
-  int32_t part0[FOLD ? C::ACC : 1], part1[FOLD && C::FOLD == 2 ? C::ACC : 1];
+  int32_t part[FOLD ? C::ACC : 1];
 #pragma unroll
-  for (int r = 0; r < (FOLD ? C::ACC : 1); ++r) part0[r] = 0;
-#pragma unroll
-  for (int r = 0; r < (FOLD && C::FOLD == 2 ? C::ACC : 1); ++r) part1[r] = 0;
+  for (int r = 0; r < (FOLD ? C::ACC : 1); ++r) part[r] = 0;
   uint32_t s_prev = 0;
   // acc += s * (t >> 4), s the group scale of each sum's column (byte j of the
   // lane's word: column col0 + j, as in ws_epilogue). The shift is exact and
@@ -204,9 +202,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     }
   };
 
-  // Slot i into `cur` (the accumulators, or FOLD's partial sums, which unit 0
-  // overwrites); `prev`: FOLD's sums of slot i - 1, folded once they are complete.
-  auto run_slot = [&](int i, auto& cur, auto& prev) {
+  // Slot i into `cur`: the accumulators, or FOLD's partial sums, which unit 0
+  // overwrites once slot i - 1's have been folded.
+  auto run_slot = [&](int i, auto& cur) {
     const int slot = i % STAGES;
     mbar_wait(full + 8 * slot, (i / STAGES) & 1);
     const int kb0 = (place.it_begin + i) * KU;
@@ -237,11 +235,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     if constexpr (FOLD) {
       s_slot = *reinterpret_cast<const uint32_t*>(sg);
       bad |= out_of_range(s_slot) & live & 1u;
-      if constexpr (C::FOLD == 1) {
-        if (i > 0) {
-          wgmma_wait<0>();
-          fold(prev, s_prev);
-        }
+      if (i > 0) {
+        wgmma_wait<0>();
+        fold(cur, s_prev);
       }
     }
 #pragma unroll
@@ -285,11 +281,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
       // At most FRAGS - 1 units' wgmmas in flight: the set written next is
       // free, and those still running read this slot (FRAGS - 1 < KU).
       wgmma_wait<C::FRAGS - 1>();
-      // Two sets: slot i - 1's wgmmas are done now (FRAGS <= 2), so its sums
-      // are folded while unit 0's run.
-      if constexpr (FOLD && C::FOLD == 2) {
-        if (u == 0 && i > 0) fold(prev, s_prev);
-      }
     }
     if constexpr (FOLD) s_prev = s_slot;
     // Slot i - 1 is read completely: back to the producer. Every consumer
@@ -300,25 +291,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     if (i > 0) mbar_arrive(empty + 8 * ((i - 1) % STAGES));
   };
 
-  if constexpr (!FOLD) {
-    for (int i = 0; i < n_iters; ++i) run_slot(i, acc, acc);
+  if constexpr (FOLD) {
+    for (int i = 0; i < n_iters; ++i) run_slot(i, part);
+    wgmma_wait<0>();
+    if (n_iters > 0) fold(part, s_prev);
+  } else {
+    for (int i = 0; i < n_iters; ++i) run_slot(i, acc);
     wgmma_wait<0>();
     fence_regs(acc);
-  } else if constexpr (C::FOLD == 1) {
-    for (int i = 0; i < n_iters; ++i) run_slot(i, part0, part0);
-    wgmma_wait<0>();
-    if (n_iters > 0) fold(part0, s_prev);
-  } else {
-    for (int i = 0; i < n_iters; i += 2) {
-      run_slot(i, part0, part1);
-      if (i + 1 < n_iters) run_slot(i + 1, part1, part0);
-    }
-    wgmma_wait<0>();
-    if (n_iters % 2 == 1) {
-      fold(part0, s_prev);
-    } else if (n_iters > 0) {
-      fold(part1, s_prev);
-    }
   }
 
   // --- the CTA's bad-scale flag, split-K, epilogue (consumers only: the
