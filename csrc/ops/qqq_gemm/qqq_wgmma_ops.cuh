@@ -22,29 +22,39 @@ struct WgmmaS8;
 #define OPF_QQQ_D32(i) OPF_QQQ_D16(i), OPF_QQQ_D16((i) + 16)
 #define OPF_QQQ_D64(i) OPF_QQQ_D32(i), OPF_QQQ_D32((i) + 32)
 
-// NREG = N / 2 accumulators; the four A registers, the descriptor and the
-// scale-d flag follow them as operands A0 .. A0 + 3, B_OP and B_OP + 1 (literals:
-// the asm string needs them). scale-d: 1 accumulates, 0 overwrites (the first
-// k32 unit of a group-scale fold, which starts a fresh partial sum).
+// NREG = N / 2 accumulators; the four A registers and the descriptor follow
+// them as operands A0 .. A0 + 3 and B_OP (literals: the asm string needs them).
+// mma accumulates (scale-d = 1, an immediate); mma_or_set takes scale-d from
+// a predicate: false overwrites the accumulators (the first k32 unit of a slot
+// whose partial sums the group-scale fold restarts).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP, S_OP)                                                       \
-  asm volatile(                                                                                                \
-      "{\n.reg .pred sd;\nsetp.ne.b32 sd, %" #S_OP ", 0;\n"                                                 \
-      "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {" OPF_ASM_OPS##NREG "}, {%" #A0 ", %" #A1 ", %" #A2 \
-      ", %" #A3 "}, %" #B_OP ", sd;\n}\n"                                                                      \
-      : OPF_QQQ_D##NREG(0)                                                                                      \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+#define OPF_QQQ_INSN(N, NREG, A0, A1, A2, A3, B_OP, SCALE_D)                                                  \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {" OPF_ASM_OPS##NREG "}, {%" #A0 ", %" #A1 ", %" #A2 \
+  ", %" #A3 "}, %" #B_OP ", " SCALE_D ";\n"
+#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP)                                       \
+  asm volatile(OPF_QQQ_INSN(N, NREG, A0, A1, A2, A3, B_OP, "1")                          \
+               : OPF_QQQ_D##NREG(0)                                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+#define OPF_QQQ_ASM_P(N, NREG, A0, A1, A2, A3, B_OP, S_OP)                                                 \
+  asm volatile("{\n.reg .pred sd;\nsetp.ne.b32 sd, %" #S_OP ", 0;\n" OPF_QQQ_INSN(N, NREG, A0, A1, A2, A3, \
+                                                                                 B_OP, "sd") "}\n"         \
+               : OPF_QQQ_D##NREG(0)                                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 #else
-#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP, S_OP) ((void)d, (void)a, (void)desc_b, (void)accumulate)
+#define OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP) ((void)d, (void)a, (void)desc_b)
+#define OPF_QQQ_ASM_P(N, NREG, A0, A1, A2, A3, B_OP, S_OP) ((void)d, (void)a, (void)desc_b, (void)accumulate)
 #endif
 
-#define OPF_QQQ_WGMMA(N, NREG, A0, A1, A2, A3, B_OP, S_OP)                                             \
-  template <>                                                                                         \
-  struct WgmmaS8<N> {                                                                                 \
-    static __device__ __forceinline__ void mma(int32_t* d, const uint32_t (&a)[4], uint64_t desc_b,   \
-                                               uint32_t accumulate = 1) {                             \
-      OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP, S_OP);                                               \
-    }                                                                                                 \
+#define OPF_QQQ_WGMMA(N, NREG, A0, A1, A2, A3, B_OP, S_OP)                                                    \
+  template <>                                                                                                \
+  struct WgmmaS8<N> {                                                                                        \
+    static __device__ __forceinline__ void mma(int32_t* d, const uint32_t (&a)[4], uint64_t desc_b) {        \
+      OPF_QQQ_ASM(N, NREG, A0, A1, A2, A3, B_OP);                                                            \
+    }                                                                                                        \
+    static __device__ __forceinline__ void mma_or_set(int32_t* d, const uint32_t (&a)[4], uint64_t desc_b,   \
+                                                      uint32_t accumulate) {                                 \
+      OPF_QQQ_ASM_P(N, NREG, A0, A1, A2, A3, B_OP, S_OP);                                                    \
+    }                                                                                                        \
   }
 
 OPF_QQQ_WGMMA(32, 16, 16, 17, 18, 19, 20, 21);
@@ -53,6 +63,8 @@ OPF_QQQ_WGMMA(128, 64, 64, 65, 66, 67, 68, 69);
 
 #undef OPF_QQQ_WGMMA
 #undef OPF_QQQ_ASM
+#undef OPF_QQQ_ASM_P
+#undef OPF_QQQ_INSN
 #undef OPF_QQQ_D4
 #undef OPF_QQQ_D8
 #undef OPF_QQQ_D16

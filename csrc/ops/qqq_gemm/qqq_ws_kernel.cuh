@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     const int kb0 = (place.it_begin + i) * KU;
     const int units = min(KU, KB - kb0);
     const uint8_t* sw = gbase + kW + slot * C::B_STAGE + (wn * KU * 32 + lane) * 16;
-    const uint8_t* sg = gbase + kG + slot * C::G_STAGE + wn * 32 + (lane / 4) * 4;
+    [[maybe_unused]] const uint8_t* sg = gbase + kG + slot * C::G_STAGE + wn * 32 + (lane / 4) * 4;
     const uint32_t a_slot = base + slot * C::A_STAGE;
     // Every slot runs all KU units, without a branch around a wgmma (ptxas
     // serialises wgmmas on a divergent path): in a short last slot the units
@@ -218,11 +218,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     // bytes hold adds 0. Likewise a stripe past N (the last tile of an N that
     // is not a multiple of BN) is not loaded and not stored. Neither may
     // raise the bad-scale flag.
-    const uint32_t live = stripe_ok ? (1u << units) - 1 : 0u;
+    [[maybe_unused]] const uint32_t live = stripe_ok ? (1u << units) - 1 : 0u;
     // The slot's weights (and scales) for all KU units first: one shared-memory
     // latency per slot instead of one per unit on the path to the next wgmma.
     uint4 wv[KU];
-    uint32_t sgw[KU];
+    [[maybe_unused]] uint32_t sgw[KU];
 #pragma unroll
     for (int u = 0; u < KU; ++u) {
       wv[u] = *reinterpret_cast<const uint4*>(sw + u * 512);
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     // Every byte in [1, 16] exactly when no byte of (scales - 1) reaches 16: a
     // zero byte borrows and turns 0xFF, a large one keeps its high nibble.
     auto out_of_range = [](uint32_t w) { return static_cast<uint32_t>(((w - 0x01010101u) & 0xF0F0F0F0u) != 0); };
-    uint32_t s_slot = 0;
+    [[maybe_unused]] uint32_t s_slot = 0;
     if constexpr (FOLD) {
       s_slot = *reinterpret_cast<const uint32_t*>(sg);
       bad |= out_of_range(s_slot) & live & 1u;
@@ -273,10 +273,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
         cur[u] += f[0][0] ^ f[0][1] ^ f[0][2] ^ f[0][3] ^ f[1][0] ^ f[1][1] ^ f[1][2] ^ f[1][3] ^ static_cast<uint32_t>(desc);
         continue;
       }
-      const uint32_t accumulate = FOLD ? (u > 0) : 1u;
       wgmma_fence();
-      WgmmaS8<C::BM>::mma(cur, f[0], desc, accumulate);
-      WgmmaS8<C::BM>::mma(cur + C::BM / 2, f[1], desc, accumulate);
+      if constexpr (FOLD) {
+        WgmmaS8<C::BM>::mma_or_set(cur, f[0], desc, u > 0);
+        WgmmaS8<C::BM>::mma_or_set(cur + C::BM / 2, f[1], desc, u > 0);
+      } else {
+        WgmmaS8<C::BM>::mma(cur, f[0], desc);
+        WgmmaS8<C::BM>::mma(cur + C::BM / 2, f[1], desc);
+      }
       wgmma_commit();
       // At most FRAGS - 1 units' wgmmas in flight: the set written next is
       // free, and those still running read this slot (FRAGS - 1 < KU).
