@@ -434,19 +434,6 @@ void multi_vectors(const char* dtype) {
 // kernel? A persistent grid; each block walks chunks blockIdx.x, +gridDim.x,
 // ... through a ring of Stages slots (a, b and out, ChunkBytes each) in dynamic
 // shared memory, thread 0 issuing the copies.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// At most N of this thread's store groups still reading shared memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-#endif
 
 template <typename T, int Threads, int Stages, int ChunkBytes>
 __global__ void __launch_bounds__(Threads) add_bulk(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ o,
@@ -499,11 +486,11 @@ __global__ void __launch_bounds__(Threads) add_bulk(const T* __restrict__ a, con
     // The next chunk writes the out buffer that the store of Stages - 1 chunks
     // ago reads: with this chunk's store not yet committed, Stages - 2 groups
     // may stay pending; the __syncthreads passes the wait on to every writer.
-    if (threadIdx.x == 0) bulk_wait_read<Stages - 2>();
+    if (threadIdx.x == 0) sm::bulk_wait_read<Stages - 2>();
     __syncthreads();
     if (threadIdx.x == 0) {
-      bulk_store(go + size_t{c} * ChunkBytes, sm::smem_addr(so), ChunkBytes);
-      bulk_commit();
+      sm::bulk_store(go + size_t{c} * ChunkBytes, sm::smem_addr(so), ChunkBytes);
+      sm::bulk_commit();
       // Every thread has read this slot's inputs (the __syncthreads above).
       if (c + Stages * stride < chunks) load(c + Stages * stride, s);
     }
@@ -512,7 +499,7 @@ __global__ void __launch_bounds__(Threads) add_bulk(const T* __restrict__ a, con
       parity ^= 1;
     }
   }
-  if (threadIdx.x == 0) bulk_wait_all();  // shared memory must outlive the last stores' reads
+  if (threadIdx.x == 0) sm::bulk_wait();  // shared memory must outlive the last stores' reads
 #else
   __trap();  // bulk copies need sm_90a; bulk mode launches this only where sm90a_code_loaded()
 #endif

@@ -103,11 +103,9 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t sr
                "r"(c0), "r"(c1), "r"(src)
                : "memory");
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Until the committed TMA stores have read their shared memory (it may be rewritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-// Until the committed TMA stores are complete.
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+using sm90::bulk_commit;
+using sm90::bulk_wait;
+using sm90::bulk_wait_read;
 // A barrier for the 128 threads of one consumer warpgroup (id 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_bar(int id) { sm90::named_bar(id, 128); }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {

@@ -157,7 +157,7 @@ at::Tensor qqq_gemm(const at::Tensor& a_in, const at::Tensor& w_packed, const at
   run_kernel(
       kOp, out,
       [&](auto stream) -> const char* {
-        const int64_t ws_bytes = qqq_gemm_workspace_bytes(M, N, K, sg != nullptr ? group_size : -1);
+        const int64_t ws_bytes = qqq_gemm_workspace_bytes(M, N, K, group_size);
         const at::Tensor ws = at::empty({ws_bytes}, a.options().dtype(at::kByte));
         QqqGemmArgs args{a.const_data_ptr<int8_t>(),
                          w_packed.const_data_ptr<int32_t>(),

@@ -87,7 +87,8 @@ auto with_plan(int64_t M, int64_t N, int64_t K, int64_t group_size, F&& f) {
   const int sms = cuda::sm_count();
   // Cached per device too: is this library's sm_90a code what runs here?
   const bool wgmma = K > 0 && sm90::sm90a_code_loaded();
-  const bool fold = wgmma && grouped && group_size % Ws32Group::BK == 0;
+  static_assert(Ws64::FOLD && Ws64::BK == Ws32Group::BK, "Ws32Group and Ws64 fold the same group sizes");
+  const bool fold = wgmma && Ws32Group::folds(group_size);
   // Below 17 rows the wgmma kernel (32-row tiles) also wins per group when it
   // folds, and per channel from 8 rows. qqq_tune --fold (qqq-fold_...txt), per
   // channel, Ws32 against the direct kernel, K = N = 8192 / 4096 x 11008 /
@@ -138,7 +139,7 @@ int64_t qqq_gemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t group_
 
 const char* qqq_gemm_cuda(const QqqGemmArgs& args, void* stream) {
   const bool grouped = args.s_group != nullptr;
-  return with_plan(args.M, args.N, args.K, grouped ? args.group_size : -1, [&](auto c, const Plan& plan) -> const char* {
+  return with_plan(args.M, args.N, args.K, args.group_size, [&](auto c, const Plan& plan) -> const char* {
     using C = decltype(c);
     return grouped ? qqq::launch<C, true>(args, plan, stream) : qqq::launch<C, false>(args, plan, stream);
   });

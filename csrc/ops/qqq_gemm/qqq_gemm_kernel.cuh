@@ -760,7 +760,7 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
   if constexpr (C::WS) {
     // Group scales once per slot when every group spans whole slots.
     if constexpr (GROUPED && C::FOLD) {
-      if (p.group_size % C::BK == 0) return launch_ws<C, true, true>(p, plan, blocks, s);
+      if (C::folds(p.group_size)) return launch_ws<C, true, true>(p, plan, blocks, s);
     }
     return launch_ws<C, GROUPED, false>(p, plan, blocks, s);
   } else {

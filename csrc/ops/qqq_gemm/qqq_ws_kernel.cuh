@@ -44,6 +44,8 @@ struct WsConfig {
   // was slower: ptxas serialises wgmmas whose accumulators other instructions
   // read before a wait_group 0; qqq-fold_nvidia-h200_2026-11-23.txt.)
   static constexpr bool FOLD = FOLD_;
+  // Whether a launch with this group_size (-1: per channel) folds.
+  static constexpr bool folds(int64_t group_size) { return FOLD && group_size > 0 && group_size % BK == 0; }
   static constexpr int BM = BM_;  // rows of `a` per tile: the wgmma's N
   static constexpr int CONSUMERS = CONSUMERS_;
   static constexpr int STAGES = STAGES_;
