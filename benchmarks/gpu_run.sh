@@ -420,6 +420,14 @@ ws-final)
   qqq_bench
   rm -f "$OUT/qqq.log" "$OUT/env.txt"
   ;;
+m128)
+  # qqq_gemm per channel at M = 80 and 128: the 128-row tiles against 64-row tiles at two and three
+  # CTAs per SM, forced splits (qqq_tune --m128).
+  build_driver qqq_tune \
+    && timeout 300 /tmp/qqq_tune --m128 > "$OUT/qqq-m128.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^check|FAIL|passed" "$OUT/qqq-m128.txt" | cut -c1-60 | sort | uniq -c | head
+  grep -E "^(op|time)" "$OUT/qqq-m128.txt" | cut -c1-118
+  ;;
 fold-final)
   # Issue 8 after the group-scale fold: qqq_tune --fold (every op configuration and the launcher bit-exact,
   # then per group and small-M per channel times beside the launcher), the qqq_gemm and example CUDA

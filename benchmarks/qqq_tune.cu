@@ -445,6 +445,9 @@ using WS32x1t_nomma = WsConfig<32, 1, 8, 2, 1, true, 2>;
 // applied in the conversion: the op's M <= 32 and M <= 64 shapes, and deeper.
 // (The op's Ws32Group and Ws64, 2 CTAs per SM.) Ws32's one CTA per SM, folded.
 using WS32fold_b1 = WsConfig<32, 1, 8, 2, 1, true, 0, true>;
+// --m128: 64-row tiles at three CTAs per SM (--m128 reads ptxas's verdict
+// from the timings: a spill would show).
+using WS64b3 = WsConfig<64, 1, 4, 2, 3, true, 0, true>;
 
 // Issue 8's three shapes, each scheme: per_weights(weights, K, N, gs,
 // read-only time under the reading flush), then per_m(problem, read-only
@@ -608,6 +611,23 @@ static void fold_m(int sms) {
       });
 }
 
+// --m128: per channel at M = 80 and 128, the op's 128-row tiles against
+// 64-row tiles (Ws64, two CTAs per SM; WS64b3, three) with forced splits:
+// at 4096 x 11008 the 86 column tiles of Ws128 fill 86 of 132 SMs.
+static void m128(int sms) {
+  check_config<WS64b3>("WS64b3", sms);
+  if (g_failures) return;
+  for_small_cases(
+      {80, 128}, [](const Device&, int, int, float) {},
+      [&](Timed& t, float read_clean) {
+        if (t.p.gs > 0) return;
+        time_op(t, 0, read_clean);
+        time_config<Ws128>("Ws128 (op)", t, sms, {0, 1, 2, 4}, Flush::Clean);
+        time_config<Ws64>("Ws64", t, sms, {0, 1, 2, 3, 4}, Flush::Clean);
+        time_config<WS64b3>("WS64b3", t, sms, {0, 1, 2, 3}, Flush::Clean);
+      });
+}
+
 // --ncu: one call each (after a warm-up) of the read-only kernel and the M = 1
 // kernels at K = N = 8192, for ncu's kernel-only durations.
 static void ncu_m1(int sms) {
@@ -661,6 +681,7 @@ int main(int argc, char** argv) {
   const bool direct = argc > 1 && std::strcmp(argv[1], "--direct") == 0;
   const bool ws = argc > 1 && std::strcmp(argv[1], "--ws") == 0;
   const bool fold = argc > 1 && std::strcmp(argv[1], "--fold") == 0;
+  const bool m128_mode = argc > 1 && std::strcmp(argv[1], "--m128") == 0;
   const bool ws_probe_mode = argc > 1 && std::strcmp(argv[1], "--ws-probe") == 0;
   const bool ncu_probe = ws_probe_mode && std::getenv("QQQ_NCU_ONLY") != nullptr;
   if (argc > 1 && (std::strcmp(argv[1], "--ncu") == 0 || std::strcmp(argv[1], "--ncu-ws") == 0 || ncu_probe)) {
@@ -702,12 +723,13 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
-  if (small || direct || ws || ws_probe_mode || fold) {
+  if (small || direct || ws || ws_probe_mode || fold || m128_mode) {
     g_copy_gbps = 4200;  // the floor column only; measured below in the full run
     if (small) small_m(sms);
     if (direct) direct_m(sms);
     if (ws) ws_m(sms);
     if (fold) fold_m(sms);
+    if (m128_mode) m128(sms);
     if (ws_probe_mode) ws_probe(sms);
     std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
     return g_failures ? 1 : 0;
