@@ -428,6 +428,15 @@ m128)
   grep -E "^check|FAIL|passed" "$OUT/qqq-m128.txt" | cut -c1-60 | sort | uniq -c | head
   grep -E "^(op|time)" "$OUT/qqq-m128.txt" | cut -c1-118
   ;;
+dfold)
+  # qqq_gemm per group at M <= 16: the direct kernel with the group scales folded per block of 4 units
+  # (qqq_tune --dfold: every op configuration and the launcher bit-exact first), then the op's CUDA tests.
+  build_driver qqq_tune \
+    && timeout 300 /tmp/qqq_tune --dfold > "$OUT/qqq-dfold.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "^check|FAIL|passed" "$OUT/qqq-dfold.txt" | cut -c1-60 | sort | uniq -c | head -30
+  grep -E "^(op|time)" "$OUT/qqq-dfold.txt" | cut -c1-118
+  qqq_cuda_tests
+  ;;
 fold-final)
   # Issue 8 after the group-scale fold: qqq_tune --fold (every op configuration and the launcher bit-exact,
   # then per group and small-M per channel times beside the launcher), the qqq_gemm and example CUDA

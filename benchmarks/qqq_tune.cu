@@ -255,7 +255,8 @@ static void check_op_launcher(int sms) {
   (void)sms;
   const int cases[][4] = {{1, 8192, 256, -1}, {5, 2048, 8192, -1}, {16, 4096, 4096, -1}, {16, 4096, 1024, 128}, {33, 11008, 128, 128}, {59, 256, 1024, -1},
                           {64, 1024, 512, 128}, {64, 1024, 512, -1}, {128, 1024, 4096, 128}, {200, 512, 96, -1}, {7, 0, 64, -1},
-                          {9, 512, 256, 64}, {20, 1024, 256, 64}, {40, 2048, 384, 256}, {3, 2048, 640, 128}};
+                          {9, 512, 256, 64}, {20, 1024, 256, 64}, {40, 2048, 384, 256}, {3, 2048, 640, 128},
+                          {97, 1024, 640, -1}, {128, 2048, 384, -1}, {100, 512, 256, 64}};
   int ok = 0, runs = 0;
   for (const auto& c : cases) {
     if (g_light && c[0] * static_cast<int64_t>(c[1]) * c[2] > (int64_t{1} << 24)) continue;
@@ -628,6 +629,21 @@ static void m128(int sms) {
       });
 }
 
+// --dfold: per group 128 at M <= 16, the direct kernel with the group scales
+// folded per block of 4 units against the wgmma kernel's fold (Ws32Group) and
+// the direct kernel per channel.
+static void dfold(int sms) {
+  for_small_cases(
+      {1, 4, 8, 16}, [](const Device&, int, int, float) {},
+      [&](Timed& t, float read_clean) {
+        time_op(t, 0, read_clean);
+        const std::vector<int> autos = {0};
+        time_config<DirectStripe>("DirectStripe", t, sms, autos, Flush::Clean);
+        time_config<DirectPair>("DirectPair", t, sms, autos, Flush::Clean);
+        if (t.p.gs > 0) time_config<Ws32Group>("Ws32Group", t, sms, autos, Flush::Clean);
+      });
+}
+
 // --ncu: one call each (after a warm-up) of the read-only kernel and the M = 1
 // kernels at K = N = 8192, for ncu's kernel-only durations.
 static void ncu_m1(int sms) {
@@ -682,6 +698,7 @@ int main(int argc, char** argv) {
   const bool ws = argc > 1 && std::strcmp(argv[1], "--ws") == 0;
   const bool fold = argc > 1 && std::strcmp(argv[1], "--fold") == 0;
   const bool m128_mode = argc > 1 && std::strcmp(argv[1], "--m128") == 0;
+  const bool dfold_mode = argc > 1 && std::strcmp(argv[1], "--dfold") == 0;
   const bool ws_probe_mode = argc > 1 && std::strcmp(argv[1], "--ws-probe") == 0;
   const bool ncu_probe = ws_probe_mode && std::getenv("QQQ_NCU_ONLY") != nullptr;
   if (argc > 1 && (std::strcmp(argv[1], "--ncu") == 0 || std::strcmp(argv[1], "--ncu-ws") == 0 || ncu_probe)) {
@@ -712,8 +729,8 @@ int main(int argc, char** argv) {
   // The wgmma kernel's configurations (sm_90a; the launcher takes them at M > 16 there).
   check_config<Ws32>("Ws32 (op, M<=32)", sms);
   check_config<Ws32Group>("Ws32Group (op, M<=32)", sms);
-  check_config<Ws64>("Ws64 (op, M<=64)", sms);
-  check_config<Ws128>("Ws128 (op, M>64)", sms);
+  check_config<Ws64>("Ws64 (op, M<=128)", sms);
+  check_config<Ws128>("Ws128 (op, M>128)", sms);
   check_config<Ws128Group>("Ws128Group (op, M>64)", sms);
   check_op_launcher(sms);
   if (check_only || g_failures) {
@@ -723,13 +740,14 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
-  if (small || direct || ws || ws_probe_mode || fold || m128_mode) {
+  if (small || direct || ws || ws_probe_mode || fold || m128_mode || dfold_mode) {
     g_copy_gbps = 4200;  // the floor column only; measured below in the full run
     if (small) small_m(sms);
     if (direct) direct_m(sms);
     if (ws) ws_m(sms);
     if (fold) fold_m(sms);
     if (m128_mode) m128(sms);
+    if (dfold_mode) dfold(sms);
     if (ws_probe_mode) ws_probe(sms);
     std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);
     return g_failures ? 1 : 0;

@@ -31,8 +31,10 @@ using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
 // split better. Per group it is no faster (the group scales' arithmetic, not
 // the loads, is the bound: 20.2 against 21.1 us at M = 1 and 23.7 against
 // 22.7 at M = 16, K = N = 8192), so per group keeps the staged tiles.
-using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true>;
-using DirectPair = Config<1, 1, 2, 4, 4, 8, 1, true>;
+// Per group with group_size a multiple of 128 the direct kernel folds the
+// group scales once per block of 4 units (Config's FOLD).
+using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true, true>;
+using DirectPair = Config<1, 1, 2, 4, 4, 8, 1, true, true>;
 // M > 16 on an H100/H200 with sm_90a code: the warp-specialised wgmma kernel
 // (qqq_ws_kernel.cuh), its activations and weights each one TMA box per
 // slot. <BM, consumer warpgroups, stages, fragment sets, CTAs per SM, true>.
@@ -95,7 +97,10 @@ auto with_plan(int64_t M, int64_t N, int64_t K, int64_t group_size, F&& f) {
   // 11008 x 4096: M = 16 16.5 / 13.2 / 15.2 us (18.8 / 15.4 / 16.2), M = 8
   // 16.7 / 12.9 / 14.9 (16.4 / 13.6 / 15.6), M = 4 17.6 / 13.1 / 16.0 (15.6 / 13.2 / 14.3).
   const bool wgmma_small = grouped ? fold : wgmma && M >= 8;
-  if (M <= 16 && !grouped && !wgmma_small) {
+  // The direct kernel: per channel, or per group when it folds.
+  static_assert(DirectStripe::FOLD && DirectPair::FOLD, "both direct shapes fold");
+  const bool direct_ok = !grouped || DirectStripe::folds(group_size);
+  if (M <= 16 && direct_ok && !(wgmma && M >= 8)) {
     if (N / 32 <= sms) {
       const Plan direct = qqq::make_plan<DirectStripe>(M, N, K, sms);
       if (direct.splits == 1) return f(DirectStripe{}, direct);
@@ -115,10 +120,15 @@ auto with_plan(int64_t M, int64_t N, int64_t K, int64_t group_size, F&& f) {
       return grouped ? f(Ws32Group{}, qqq::make_plan<Ws32Group>(M, N, K, sms))
                      : f(Ws32{}, qqq::make_plan<Ws32>(M, N, K, sms));
     }
-    // Folded per group, two 64-row tiles beat one of 128 at M = 128: 30.8 / 27.1 /
-    // 25.6 us against 37.3 / 31.7 / 36.1 (qqq-fold_...txt); larger M keeps the
-    // 128-row tiles, where the multiplies weigh more (not measured).
-    if (M <= 64 || (fold && M <= 128)) return f(Ws64{}, qqq::make_plan<Ws64>(M, N, K, sms));
+    // Up to 128 rows, 64-row tiles (two CTAs per SM) beat 128-row ones (one):
+    // per channel at M = 128 24.3 / 19.6 / 21.7 us against 28.4 / 22.6 / 25.6,
+    // at M = 80 27.2 / 20.6 / 21.8 against 33.5 / 21.8 / 24.5 (qqq_tune --m128,
+    // qqq-m128_...txt; three CTAs per SM: 26.3 / 24.0 / 25.2 at M = 128);
+    // folded per group 30.8 / 27.1 / 25.6 against 37.3 / 31.7 / 36.1
+    // (qqq-fold_...txt). Per group without the fold (group sizes that are not
+    // multiples of 128) keeps Ws128Group there (not measured); M > 128 keeps
+    // the 128-row tiles, where the loads of `a` weigh more (not measured).
+    if (M <= 64 || ((fold || !grouped) && M <= 128)) return f(Ws64{}, qqq::make_plan<Ws64>(M, N, K, sms));
     return grouped ? f(Ws128Group{}, qqq::make_plan<Ws128Group>(M, N, K, sms))
                    : f(Ws128{}, qqq::make_plan<Ws128>(M, N, K, sms));
   }

@@ -40,7 +40,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-template <int MBW_, int WM_, int WN_, int WK_, int UK_, int STAGES_, int MINB_ = 2, bool DIRECT_ = false>
+template <int MBW_, int WM_, int WN_, int WK_, int UK_, int STAGES_, int MINB_ = 2, bool DIRECT_ = false,
+          bool FOLD_ = false>
 struct Config {
   static constexpr int MBW = MBW_;        // m16 blocks per warp
   static constexpr int WM = WM_;          // warps along M
@@ -53,6 +54,16 @@ struct Config {
   // registers, STAGES units ahead; the activations of the CTA's K range in
   // shared memory, loaded once) instead of the cp.async stage pipeline.
   static constexpr bool DIRECT = DIRECT_;
+  // FOLD (direct kernel only): per group, when every group spans whole blocks
+  // of 4 units (group_size a multiple of 128), each warp takes its units in
+  // such blocks, converts them as per channel into partial sums and adds
+  // scale * sum once per block, instead of scaling every weight byte.
+  static constexpr bool FOLD = FOLD_;
+  static_assert(!FOLD || DIRECT, "the staged tiles apply the group scales in the conversion");
+  static constexpr int kFoldUnits = 4;
+  static constexpr bool folds(int64_t group_size) {
+    return FOLD && group_size > 0 && group_size % (32 * kFoldUnits) == 0;
+  }
   static constexpr bool WS = false;  // qqq_ws_kernel's configurations are WsConfig
   static constexpr int THREADS = kThreads;
   static_assert(WM * WN * WK == kWarps, "8 warps per CTA");
@@ -112,6 +123,14 @@ __device__ __forceinline__ void mma_s8(int32_t (&d)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d = a b (a zero C): the first unit of a folded block.
+__device__ __forceinline__ void mma_s8_set(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
 // --- INT4 -> INT8 (LAYOUT.md) ---
@@ -460,9 +479,17 @@ __device__ __forceinline__ uint32_t lds32(const uint8_t* smem) { return *reinter
 // fall in 8 different bank groups; rows past M are zero registers, not
 // zero-filled copies. On the H200 this beats the staged kernel by 7-13 % at
 // M = 1 per channel (benchmarks/results/qqq-direct_...).
-template <class C, bool GROUPED>
+//
+// FOLD (per group, group_size a multiple of 128): warp wk takes blocks of 4
+// consecutive units instead (blocks wk, wk + WK, ...), each inside one group;
+// the block's MMAs write partial sums (16 x the sum of q * a, as per channel)
+// and its end adds (sum >> 4) * scale into the accumulators: the same integers
+// as the conversion with the scales, so the same bits.
+template <class C, bool GROUPED, bool FOLD = false>
 __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Params p) {
   static_assert(C::WM == 1, "one warp along M");
+  static_assert(!FOLD || (GROUPED && C::FOLD && C::STAGES % C::kFoldUnits == 0), "a fold is per group, whole blocks ahead");
+  constexpr int FU = C::kFoldUnits;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_last;
   const int warp = threadIdx.x / 32;
@@ -483,9 +510,21 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
   const int stripe = n0 / 32 + wn;
   const bool stripe_ok = stripe < NB;
 
-  // The warp's units: first + i * WK, i in [0, count).
-  const int first = u_begin + wk;
-  const int count = stripe_ok && range > wk ? (range - wk + C::WK - 1) / C::WK : 0;
+  // The warp's units: first + i * WK, i in [0, count); FOLD: unit i is unit
+  // i % 4 of block (i / 4) * WK + wk of the CTA's range, the last block of the
+  // range (the warp's last, if it has it) possibly short.
+  const int first = u_begin + wk * (FOLD ? FU : 1);
+  int count;
+  if constexpr (FOLD) {
+    const int blocks = (range + FU - 1) / FU;
+    const int mine = stripe_ok && blocks > wk ? (blocks - wk + C::WK - 1) / C::WK : 0;
+    const bool short_last = mine > 0 && wk + (mine - 1) * C::WK == blocks - 1 && range % FU != 0;
+    count = mine * FU - (short_last ? FU - range % FU : 0);
+  } else {
+    count = stripe_ok && range > wk ? (range - wk + C::WK - 1) / C::WK : 0;
+  }
+  // Offset (in units, from `first`) of the warp's unit i.
+  auto uoff = [](int i) { return FOLD ? (i / FU) * C::WK * FU + i % FU : i * C::WK; };
 
   // The first STAGES units' weights (and group scales) are requested before
   // the activations, so that DRAM is busy from the start. No load is
@@ -494,22 +533,32 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
   // unit (3x slower on the H200). Loads past the warp's last unit read that
   // unit again.
   constexpr int D = C::STAGES;
-  constexpr int64_t kUnitStride = int64_t{512} * C::WK;
   const uint8_t* wsrc =
       reinterpret_cast<const uint8_t*>(p.w) + ((static_cast<int64_t>(stripe) * KB + first) * 32 + lane) * 16;
-  const int8_t* gsrc = GROUPED ? p.s_group + stripe * 32 + g * 4 : nullptr;
+  // Per group in the conversion: the 4 columns of the lane's B fragments
+  // (g * 4 + tile); folded: the 8 of its accumulators (t * 8 + e * 4 + tile).
+  const int8_t* gsrc = GROUPED ? p.s_group + stripe * 32 + (FOLD ? t * 8 : g * 4) : nullptr;
   auto load_scales = [&](int i) {
-    const int u = first + i * C::WK;
+    const int u = first + uoff(i);
     return __ldg(reinterpret_cast<const uint32_t*>(gsrc + static_cast<int64_t>(u * 32 / p.group_size) * p.N));
   };
+  auto load_fold_scales = [&](int i) {
+    const int u = first + uoff(i);
+    return __ldg(reinterpret_cast<const uint2*>(gsrc + static_cast<int64_t>(u * 32 / p.group_size) * p.N));
+  };
   uint4 buf[D];
-  uint32_t sbuf[D] = {};
+  uint32_t sbuf[FOLD ? 1 : D] = {};
+  uint2 fbuf[FOLD ? D / FU : 1] = {};  // the scales of the blocks in buf
   if (count > 0) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       const int i = d < count ? d : count - 1;
-      buf[d] = ldg_stream(wsrc + i * kUnitStride);
-      if constexpr (GROUPED) sbuf[d] = load_scales(i);
+      buf[d] = ldg_stream(wsrc + uoff(i) * 512);
+      if constexpr (FOLD) {
+        if (d % FU == 0) fbuf[d / FU] = load_fold_scales(i);
+      } else if constexpr (GROUPED) {
+        sbuf[d] = load_scales(i);
+      }
     }
   }
 
@@ -541,12 +590,33 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
       a_off[mb][h] = r < rows ? r * p.a_stride + t * 4 : -1;
     }
 
-  auto compute = [&](const uint4& wv, uint32_t sg, int i) {
+  // FOLD: the current block's partial sums; its rows 8-15 are only summed
+  // and folded when they exist.
+  [[maybe_unused]] int32_t part[FOLD ? C::MBW : 1][4][4];
+  [[maybe_unused]] const int hi_rows = rows;
+  auto fold = [&](uint2 s8) {
+    // Every byte in [1, 16] exactly when no byte of (scales - 1) reaches 16.
+    bad |= static_cast<uint32_t>((((s8.x - 0x01010101u) | (s8.y - 0x01010101u)) & 0xF0F0F0F0u) != 0);
+#pragma unroll
+    for (int mb = 0; mb < C::MBW; ++mb)
+#pragma unroll
+      for (int e4 = 0; e4 < 4; ++e4) {
+        if (e4 >= 2 && hi_rows <= mb * 16 + 8) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int32_t sc = static_cast<int32_t>(((e4 % 2 ? s8.y : s8.x) >> (8 * j)) & 0xFFu);
+          acc[mb][j][e4] += (part[mb][j][e4] >> 4) * sc;
+        }
+      }
+  };
+
+  auto compute = [&](const uint4& wv, uint32_t sg, int i, bool block_start) {
+    (void)block_start;
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
     uint32_t b[4][2];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if constexpr (GROUPED) {
+      if constexpr (GROUPED && !FOLD) {
         const uint32_t s = (sg >> (8 * j)) & 0xFFu;
         bad |= (s - 1u) > 15u;
         dequant_group(words[j], s, (128u - 8u * s) * 0x01010101u, b[j][0], b[j][1]);
@@ -554,7 +624,7 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
         dequant_channel(words[j], b[j][0], b[j][1]);
       }
     }
-    const uint8_t* sA = smem + (wk + i * C::WK) * 32;
+    const uint8_t* sA = smem + (first - u_begin + uoff(i)) * 32;
 #pragma unroll
     for (int mb = 0; mb < C::MBW; ++mb) {
       uint32_t af[4];
@@ -563,23 +633,45 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
       af[2] = a_off[mb][0] >= 0 ? lds32(sA + a_off[mb][0] + 16) : 0u;
       af[3] = a_off[mb][1] >= 0 ? lds32(sA + a_off[mb][1] + 16) : 0u;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mma_s8(acc[mb][j], af, b[j][0], b[j][1]);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (FOLD) {
+          if (block_start) {
+            mma_s8_set(part[mb][j], af, b[j][0], b[j][1]);
+          } else {
+            mma_s8(part[mb][j], af, b[j][0], b[j][1]);
+          }
+        } else {
+          mma_s8(acc[mb][j], af, b[j][0], b[j][1]);
+        }
+      }
     }
   };
 
   // Blocks of D units whose next D loads all lie within the warp's units
   // (addresses at fixed offsets from one pointer), then the last block or
   // two with clamped loads and a test per unit.
+  // (i0 stays a multiple of D, so unit i0 + d starts a block exactly when d % 4 == 0.)
   int i0 = 0;
+  [[maybe_unused]] uint2 s_block = make_uint2(0, 0);
   for (; i0 + 2 * D <= count; i0 += D) {
-    const uint8_t* next = wsrc + (i0 + D) * kUnitStride;
+    const uint8_t* next = wsrc + uoff(i0 + D) * 512;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       const uint4 wv = buf[d];
-      const uint32_t sg = sbuf[d];
-      buf[d] = ldg_stream(next + d * kUnitStride);
-      if constexpr (GROUPED) sbuf[d] = load_scales(i0 + D + d);
-      compute(wv, sg, i0 + d);
+      const uint32_t sg = sbuf[FOLD ? 0 : d];
+      buf[d] = ldg_stream(next + uoff(d) * 512);
+      if constexpr (FOLD) {
+        if (d % FU == 0) {
+          s_block = fbuf[d / FU];
+          fbuf[d / FU] = load_fold_scales(i0 + D + d);
+        }
+      } else if constexpr (GROUPED) {
+        sbuf[d] = load_scales(i0 + D + d);
+      }
+      compute(wv, sg, i0 + d, d % FU == 0);
+      if constexpr (FOLD) {
+        if (d % FU == FU - 1) fold(s_block);
+      }
     }
   }
   for (; i0 < count; i0 += D) {
@@ -587,11 +679,24 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
     for (int d = 0; d < D; ++d) {
       const int i = i0 + d;
       const uint4 wv = buf[d];
-      const uint32_t sg = sbuf[d];
+      const uint32_t sg = sbuf[FOLD ? 0 : d];
       const int ni = i + D < count ? i + D : count - 1;
-      buf[d] = ldg_stream(wsrc + ni * kUnitStride);
-      if constexpr (GROUPED) sbuf[d] = load_scales(ni);
-      if (i < count) compute(wv, sg, i);
+      buf[d] = ldg_stream(wsrc + uoff(ni) * 512);
+      if constexpr (FOLD) {
+        if (d % FU == 0) {
+          s_block = fbuf[d / FU];
+          fbuf[d / FU] = load_fold_scales(ni);
+        }
+      } else if constexpr (GROUPED) {
+        sbuf[d] = load_scales(ni);
+      }
+      if (i < count) {
+        compute(wv, sg, i, d % FU == 0);
+        // A block ends at its fourth unit or at the warp's last (a short last block).
+        if constexpr (FOLD) {
+          if (d % FU == FU - 1 || i == count - 1) fold(s_block);
+        }
+      }
     }
   }
   if constexpr (GROUPED) {
@@ -701,10 +806,10 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int sms, int force_splits = 0, i
   return plan;
 }
 
-template <class C, bool GROUPED>
+template <class C, bool GROUPED, bool FOLD = false>
 constexpr auto kernel_of() {
   if constexpr (C::DIRECT) {
-    return qqq_direct_kernel<C, GROUPED>;
+    return qqq_direct_kernel<C, GROUPED, FOLD>;
   } else {
     return qqq_gemm_kernel<C, GROUPED>;
   }
@@ -764,6 +869,14 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
     }
     return launch_ws<C, GROUPED, false>(p, plan, blocks, s);
   } else {
+    if constexpr (GROUPED && C::FOLD) {
+      if (C::folds(p.group_size)) {
+        constexpr auto kernel = kernel_of<C, true, true>();
+        if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
+        kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p);
+        return cuda::error_string(cudaGetLastError());
+      }
+    }
     constexpr auto kernel = kernel_of<C, GROUPED>();
     if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
     kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p);
