@@ -629,10 +629,18 @@ static void m128(int sms) {
       });
 }
 
+// The direct shapes at two CTAs per SM (<= 128 registers): the fold's
+// partial sums take the op's shapes past 128 registers, one CTA per SM.
+using DStripe2 = Config<1, 1, 1, 8, 4, 8, 2, true, true>;
+using DPair2 = Config<1, 1, 2, 4, 4, 8, 2, true, true>;
+
 // --dfold: per group 128 at M <= 16, the direct kernel with the group scales
 // folded per block of 4 units against the wgmma kernel's fold (Ws32Group) and
 // the direct kernel per channel.
 static void dfold(int sms) {
+  check_config<DStripe2>("DStripe2", sms);
+  check_config<DPair2>("DPair2", sms);
+  if (g_failures) return;
   for_small_cases(
       {1, 4, 8, 16}, [](const Device&, int, int, float) {},
       [&](Timed& t, float read_clean) {
@@ -640,6 +648,8 @@ static void dfold(int sms) {
         const std::vector<int> autos = {0};
         time_config<DirectStripe>("DirectStripe", t, sms, autos, Flush::Clean);
         time_config<DirectPair>("DirectPair", t, sms, autos, Flush::Clean);
+        time_config<DStripe2>("DStripe2", t, sms, autos, Flush::Clean);
+        time_config<DPair2>("DPair2", t, sms, autos, Flush::Clean);
         if (t.p.gs > 0) time_config<Ws32Group>("Ws32Group", t, sms, autos, Flush::Clean);
       });
 }

@@ -32,9 +32,12 @@ using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
 // the loads, is the bound: 20.2 against 21.1 us at M = 1 and 23.7 against
 // 22.7 at M = 16, K = N = 8192), so per group keeps the staged tiles.
 // Per group with group_size a multiple of 128 the direct kernel folds the
-// group scales once per block of 4 units (Config's FOLD).
+// group scales once per block of 4 units (Config's FOLD). The pair shape runs
+// more CTAs than SMs, so it is held to 128 registers, two CTAs per SM (the
+// fold's partial sums took it to 150, one CTA per SM: per group at M = 1,
+// 4096 x 11008, 18.1 us against 12.6 per channel; qqq_tune --dfold).
 using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true, true>;
-using DirectPair = Config<1, 1, 2, 4, 4, 8, 1, true, true>;
+using DirectPair = Config<1, 1, 2, 4, 4, 8, 2, true, true>;
 // M > 16 on an H100/H200 with sm_90a code: the warp-specialised wgmma kernel
 // (qqq_ws_kernel.cuh), its activations and weights each one TMA box per
 // slot. <BM, consumer warpgroups, stages, fragment sets, CTAs per SM, true>.
