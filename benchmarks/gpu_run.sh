@@ -437,6 +437,20 @@ dfold)
   grep -E "^(op|time)" "$OUT/qqq-dfold.txt" | cut -c1-118
   qqq_cuda_tests
   ;;
+dfold-final)
+  # Issue 8 after the direct kernel's fold and the 64-row tiles to M = 128: every op configuration and the
+  # launcher bit-exact (qqq_tune --check-only), the qqq_gemm and example CUDA tests, compute-sanitizer over
+  # qqq_tune --sanitize, the bench.
+  build_driver qqq_tune \
+    && timeout 200 /tmp/qqq_tune --check-only > "$OUT/qqq-check.txt" 2>&1; echo "qqq_tune rc=$?"
+  grep -E "FAIL|passed|launcher" "$OUT/qqq-check.txt" | cut -c1-60
+  qqq_cuda_tests
+  timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k qqq \
+    > "$OUT/pytest-examples.log" 2>&1; echo "pytest examples rc=$?"; tail -n 2 "$OUT/pytest-examples.log"
+  qqq_sanitize
+  qqq_bench
+  rm -f "$OUT/qqq.log" "$OUT/env.txt"
+  ;;
 fold-final)
   # Issue 8 after the group-scale fold: qqq_tune --fold (every op configuration and the launcher bit-exact,
   # then per group and small-M per channel times beside the launcher), the qqq_gemm and example CUDA

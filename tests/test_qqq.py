@@ -140,7 +140,7 @@ def test_quantiser_errors(call, match):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
-@pytest.mark.parametrize("group_size", [-1, 32, 128])
+@pytest.mark.parametrize("group_size", [-1, 32, 128, 256])
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 59, 97, 128, 1025])
 def test_exact_integer_path(M, group_size, out_dtype, device, seed):
     """The op's output equals the int64 sum through the float32 epilogue,
@@ -343,7 +343,21 @@ def test_cuda_extremes_and_target_shape(seed):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("M", [16, 64, 128])
+@pytest.mark.parametrize("group_size", [128, 256])
+@pytest.mark.parametrize("M", [1, 8])
+def test_cuda_folded_group_scales_at_small_m(M, group_size, seed):
+    """Per group at M <= 8 the direct kernel folds the group scales once per
+    128 k (partial sums, then scale * sum): bit for bit the exact sum, at the
+    integers' extremes and over a long K."""
+    gen = torch.Generator().manual_seed(seed)
+    for args in (extreme_args(M, 4096, 256, group_size, CPU, gen), make_args(M, 4096, 256, group_size, CPU, gen)):
+        want = exact(*args, torch.float16)
+        got = opforge.qqq_gemm(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in args), torch.float16)
+        assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("M", [1, 5, 16, 64, 128])
 def test_cuda_bad_group_scale_gives_nan_not_a_number(M):
     a, w, st, sc, sg, gs = make_args(M, 256, 64, 128, torch.device("cuda"), None)
     sg = sg.clone()

@@ -20,7 +20,7 @@ using qqq::Plan;
 // The launcher models both (make_plan) and takes the cheaper.
 using Narrow = Config<1, 1, 2, 4, 4, 4>;  // M <= 16
 using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
-// M <= 16 per channel: the weights straight into registers (qqq_direct_kernel),
+// Small M: the weights straight into registers (qqq_direct_kernel),
 // 8 units ahead, the CTA's K range of activations in shared memory; one
 // stripe per CTA with 8 warps along K when the stripes fit in one wave, two
 // with 4 warps each otherwise. H200, qqq_tune --direct (benchmarks/results/
@@ -28,14 +28,17 @@ using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
 // (Narrow 16.3), 4096 x 11008 12.4 (Wide 13.3), 11008 x 4096 12.8 (Narrow
 // 14.8). Only without a split: a split's counter memset and partial sums cost
 // 2-5 us there, more than the direct kernel gains, and the staged tiles
-// split better. Per group it is no faster (the group scales' arithmetic, not
-// the loads, is the bound: 20.2 against 21.1 us at M = 1 and 23.7 against
-// 22.7 at M = 16, K = N = 8192), so per group keeps the staged tiles.
-// Per group with group_size a multiple of 128 the direct kernel folds the
-// group scales once per block of 4 units (Config's FOLD). The pair shape runs
-// more CTAs than SMs, so it is held to 128 registers, two CTAs per SM (the
-// fold's partial sums took it to 150, one CTA per SM: per group at M = 1,
-// 4096 x 11008, 18.1 us against 12.6 per channel; qqq_tune --dfold).
+// split better. Per group with the scales in the conversion it is no faster
+// (the group scales' arithmetic, not the loads, is the bound: 20.2 against
+// 21.1 us at M = 1, K = N = 8192). With group_size a multiple of 128 it folds
+// them instead, once per block of 4 units (Config's FOLD), and wins per group
+// up to M = 8 (qqq_tune --dfold, qqq-dfold_nvidia-h200_2026-11-23.txt), K = N
+// = 8192 / 4096 x 11008 / 11008 x 4096: M = 1 16.9 / 14.0 / 14.3 us (the
+// wgmma kernel's fold 19.1 / 17.1 / 17.2; per channel 14.9 / 12.6 / 12.9),
+// M = 8 18.4 / 14.9 / 15.8 (18.9 / 16.4 / 17.1); at M = 16 not (20.4 / 16.2
+// / 18.9 against 19.0 / 16.2 / 17.4). The pair shape runs more CTAs than SMs,
+// so it is held to 128 registers, two CTAs per SM (the fold's partial sums
+// took it to 150, one CTA per SM: 18.1 us at M = 1, 4096 x 11008).
 using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true, true>;
 using DirectPair = Config<1, 1, 2, 4, 4, 8, 2, true, true>;
 // M > 16 on an H100/H200 with sm_90a code: the warp-specialised wgmma kernel
@@ -100,10 +103,11 @@ auto with_plan(int64_t M, int64_t N, int64_t K, int64_t group_size, F&& f) {
   // 11008 x 4096: M = 16 16.5 / 13.2 / 15.2 us (18.8 / 15.4 / 16.2), M = 8
   // 16.7 / 12.9 / 14.9 (16.4 / 13.6 / 15.6), M = 4 17.6 / 13.1 / 16.0 (15.6 / 13.2 / 14.3).
   const bool wgmma_small = grouped ? fold : wgmma && M >= 8;
-  // The direct kernel: per channel, or per group when it folds.
+  // The direct kernel: per channel below 8 rows, per group (folded) up to 8,
+  // where the wgmma kernel is there to take over; else up to 16.
   static_assert(DirectStripe::FOLD && DirectPair::FOLD, "both direct shapes fold");
   const bool direct_ok = !grouped || DirectStripe::folds(group_size);
-  if (M <= 16 && direct_ok && !(wgmma && M >= 8)) {
+  if (M <= 16 && direct_ok && !(wgmma && M >= (grouped ? 9 : 8))) {
     if (N / 32 <= sms) {
       const Plan direct = qqq::make_plan<DirectStripe>(M, N, K, sms);
       if (direct.splits == 1) return f(DirectStripe{}, direct);
