@@ -39,7 +39,7 @@ qqq_cuda_tests() {
 # $OUT/sanitize-qqq.txt, with their summary lines.
 qqq_sanitize() {
   for tool in memcheck racecheck synccheck; do
-    echo "== $tool"; timeout 150 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
+    echo "== $tool"; timeout 300 compute-sanitizer --tool $tool /tmp/qqq_tune --sanitize 2>&1 | tail -n 3
   done > "$OUT/sanitize-qqq.txt"
   grep -E "==|ERROR SUMMARY|HAZARD|checks" "$OUT/sanitize-qqq.txt"
 }
@@ -48,6 +48,25 @@ qqq_bench() {
   timeout 300 python3 -m opforge bench qqq_gemm --device cuda --seed 1 --dtype float16 --budget ${BUDGET:-0.3} --no-compile \
     --json "$OUT/qqq.json" > "$OUT/qqq.log" 2>&1
   echo "bench qqq rc=$?"; python3 benchmarks/qqq_summary.py "$OUT/qqq.json" --markdown --plot "$OUT/qqq.png" 2>&1 | tail -20
+}
+# qqq_tune in one mode ($1, e.g. --fold; every op configuration and the launcher checked bit for bit
+# first) into $OUT/qqq-MODE.txt, with the checks' summary and the timings.
+qqq_tune_mode() {
+  local log="$OUT/qqq-${1#--}.txt"
+  build_driver qqq_tune && timeout 300 /tmp/qqq_tune "$1" > "$log" 2>&1; echo "qqq_tune $1 rc=$?"
+  grep -E "^check|FAIL|passed" "$log" | cut -c1-60 | sort | uniq -c | head -30
+  grep -E "^(op|time)" "$log" | cut -c1-118
+}
+# Issue 8's evidence after a kernel change: qqq_tune in mode $1, the qqq_gemm and example CUDA tests,
+# compute-sanitizer over qqq_tune --sanitize, the bench; at most 8 files back.
+qqq_final() {
+  qqq_tune_mode "$1"
+  qqq_cuda_tests
+  timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k qqq \
+    > "$OUT/pytest-examples.log" 2>&1; echo "pytest examples rc=$?"; tail -n 2 "$OUT/pytest-examples.log"
+  qqq_sanitize
+  qqq_bench
+  rm -f "$OUT/qqq.log" "$OUT/env.txt"
 }
 # gemm_tune's cuBLAS flags, into the array blas: the toolkit's headers, else pip's nvidia-cublas.
 cublas_flags() {
@@ -422,48 +441,22 @@ ws-final)
   ;;
 m128)
   # qqq_gemm per channel at M = 80 and 128: the 128-row tiles against 64-row tiles at two and three
-  # CTAs per SM, forced splits (qqq_tune --m128).
-  build_driver qqq_tune \
-    && timeout 300 /tmp/qqq_tune --m128 > "$OUT/qqq-m128.txt" 2>&1; echo "qqq_tune rc=$?"
-  grep -E "^check|FAIL|passed" "$OUT/qqq-m128.txt" | cut -c1-60 | sort | uniq -c | head
-  grep -E "^(op|time)" "$OUT/qqq-m128.txt" | cut -c1-118
+  # CTAs per SM, forced splits.
+  qqq_tune_mode --m128
   ;;
 dfold)
   # qqq_gemm per group at M <= 16: the direct kernel with the group scales folded per block of 4 units
-  # (qqq_tune --dfold: every op configuration and the launcher bit-exact first), then the op's CUDA tests.
-  build_driver qqq_tune \
-    && timeout 300 /tmp/qqq_tune --dfold > "$OUT/qqq-dfold.txt" 2>&1; echo "qqq_tune rc=$?"
-  grep -E "^check|FAIL|passed" "$OUT/qqq-dfold.txt" | cut -c1-60 | sort | uniq -c | head -30
-  grep -E "^(op|time)" "$OUT/qqq-dfold.txt" | cut -c1-118
+  # against the wgmma kernel's fold, then the op's CUDA tests.
+  qqq_tune_mode --dfold
   qqq_cuda_tests
   ;;
 dfold-final)
-  # Issue 8 after the direct kernel's fold and the 64-row tiles to M = 128: every op configuration and the
-  # launcher bit-exact (qqq_tune --check-only), the qqq_gemm and example CUDA tests, compute-sanitizer over
-  # qqq_tune --sanitize, the bench.
-  build_driver qqq_tune \
-    && timeout 200 /tmp/qqq_tune --check-only > "$OUT/qqq-check.txt" 2>&1; echo "qqq_tune rc=$?"
-  grep -E "FAIL|passed|launcher" "$OUT/qqq-check.txt" | cut -c1-60
-  qqq_cuda_tests
-  timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k qqq \
-    > "$OUT/pytest-examples.log" 2>&1; echo "pytest examples rc=$?"; tail -n 2 "$OUT/pytest-examples.log"
-  qqq_sanitize
-  qqq_bench
-  rm -f "$OUT/qqq.log" "$OUT/env.txt"
+  # Issue 8 after the direct kernel's fold and the 64-row tiles to M = 128 (the checks alone).
+  qqq_final --check-only
   ;;
 fold-final)
-  # Issue 8 after the group-scale fold: qqq_tune --fold (every op configuration and the launcher bit-exact,
-  # then per group and small-M per channel times beside the launcher), the qqq_gemm and example CUDA
-  # tests, compute-sanitizer over qqq_tune --sanitize, the bench; at most 8 files back.
-  build_driver qqq_tune \
-    && timeout 200 /tmp/qqq_tune --fold > "$OUT/qqq-fold.txt" 2>&1; echo "qqq_tune rc=$?"
-  grep -E "^check|FAIL|passed" "$OUT/qqq-fold.txt" | cut -c1-60
-  qqq_cuda_tests
-  timeout 200 python3 -m pytest tests/test_examples.py -q -p no:cacheprovider -m cuda -k qqq \
-    > "$OUT/pytest-examples.log" 2>&1; echo "pytest examples rc=$?"; tail -n 2 "$OUT/pytest-examples.log"
-  qqq_sanitize
-  qqq_bench
-  rm -f "$OUT/qqq.log" "$OUT/env.txt"
+  # Issue 8 after the group-scale fold: per group and small-M per channel times beside the launcher.
+  qqq_final --fold
   ;;
 qqq-final)
   # Issue 8's evidence after a kernel change: the op's CUDA tests, compute-sanitizer's memcheck, racecheck
