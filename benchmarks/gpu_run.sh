@@ -444,6 +444,10 @@ m128)
   # CTAs per SM, forced splits.
   qqq_tune_mode --m128
   ;;
+rows32)
+  # qqq_gemm at M = 64 and 128, both schemes: 32-row wgmma tiles (one or two CTAs per SM) against the op.
+  QQQ_M128_ROWS32=1 qqq_tune_mode --m128
+  ;;
 dfold)
   # qqq_gemm per group at M <= 16: the direct kernel with the group scales folded per block of 4 units
   # against the wgmma kernel's fold, then the op's CUDA tests.

@@ -614,13 +614,26 @@ static void fold_m(int sms) {
 
 // --m128: per channel at M = 80 and 128, the op's 128-row tiles against
 // 64-row tiles (Ws64, two CTAs per SM; WS64b3, three) with forced splits:
-// at 4096 x 11008 the 86 column tiles of Ws128 fill 86 of 132 SMs.
+// at 4096 x 11008 the 86 column tiles of Ws128 fill 86 of 132 SMs (the run in
+// benchmarks/results/qqq-m128_...). Then at M = 64 and 128, both schemes, the
+// 32-row tiles (Ws32 at one CTA per SM, Ws32Group's shape at two) against the
+// op's choice: smaller tiles, more CTAs.
 static void m128(int sms) {
   check_config<WS64b3>("WS64b3", sms);
   if (g_failures) return;
+  const bool rows32 = std::getenv("QQQ_M128_ROWS32") != nullptr;
   for_small_cases(
-      {80, 128}, [](const Device&, int, int, float) {},
+      rows32 ? std::initializer_list<int>{64, 128} : std::initializer_list<int>{80, 128},
+      [](const Device&, int, int, float) {},
       [&](Timed& t, float read_clean) {
+        const std::vector<int> autos = {0}, some = {0, 1, 2};
+        if (rows32) {
+          time_op(t, 0, read_clean);
+          time_config<Ws64>("Ws64", t, sms, autos, Flush::Clean);
+          if (t.p.gs < 0) time_config<Ws32>("Ws32", t, sms, some, Flush::Clean);
+          time_config<Ws32Group>("Ws32Group", t, sms, some, Flush::Clean);
+          return;
+        }
         if (t.p.gs > 0) return;
         time_op(t, 0, read_clean);
         time_config<Ws128>("Ws128 (op)", t, sms, {0, 1, 2, 4}, Flush::Clean);
