@@ -256,7 +256,8 @@ static void check_op_launcher(int sms) {
   const int cases[][4] = {{1, 8192, 256, -1}, {5, 2048, 8192, -1}, {16, 4096, 4096, -1}, {16, 4096, 1024, 128}, {33, 11008, 128, 128}, {59, 256, 1024, -1},
                           {64, 1024, 512, 128}, {64, 1024, 512, -1}, {128, 1024, 4096, 128}, {200, 512, 96, -1}, {7, 0, 64, -1},
                           {9, 512, 256, 64}, {20, 1024, 256, 64}, {40, 2048, 384, 256}, {3, 2048, 640, 128},
-                          {97, 1024, 640, -1}, {128, 2048, 384, -1}, {100, 512, 256, 64}};
+                          {97, 1024, 640, -1}, {128, 2048, 384, -1}, {100, 512, 256, 64},
+                          {48, 2048, 384, -1}};
   int ok = 0, runs = 0;
   for (const auto& c : cases) {
     if (g_light && c[0] * static_cast<int64_t>(c[1]) * c[2] > (int64_t{1} << 24)) continue;
@@ -751,7 +752,7 @@ int main(int argc, char** argv) {
   check_config<Large>("Large (op, M>64)", sms);
   // The wgmma kernel's configurations (sm_90a; the launcher takes them at M > 16 there).
   check_config<Ws32>("Ws32 (op, M<=32)", sms);
-  check_config<Ws32Group>("Ws32Group (op, M<=32)", sms);
+  check_config<Ws32Group>("Ws32Group (op, M<=64)", sms);
   check_config<Ws64>("Ws64 (op, M<=128)", sms);
   check_config<Ws128>("Ws128 (op, M>128)", sms);
   check_config<Ws128Group>("Ws128Group (op, M>64)", sms);

@@ -127,6 +127,13 @@ auto with_plan(int64_t M, int64_t N, int64_t K, int64_t group_size, F&& f) {
       return grouped ? f(Ws32Group{}, qqq::make_plan<Ws32Group>(M, N, K, sms))
                      : f(Ws32{}, qqq::make_plan<Ws32>(M, N, K, sms));
     }
+    // Per channel up to 64 rows, two 32-row tiles at two CTAs per SM (Ws32Group's
+    // shape; per channel it does not fold) beat one of 64: M = 64 20.1 / 16.6 /
+    // 17.9 us against 21.9 / 19.0 / 21.4 (qqq_tune --m128 with QQQ_M128_ROWS32,
+    // qqq-rows32_...txt; Ws32 at one CTA per SM 20.1 / 16.7 / 19.3). Folded per
+    // group they do not (24.1 / 21.2 / 19.4 against 23.5 / 20.3 / 21.7), nor at
+    // M = 128 (25.2 / 27.9 / 22.9 against 24.7 / 20.4 / 22.3 per channel).
+    if (!grouped && M <= 64) return f(Ws32Group{}, qqq::make_plan<Ws32Group>(M, N, K, sms));
     // Up to 128 rows, 64-row tiles (two CTAs per SM) beat 128-row ones (one):
     // per channel at M = 128 24.3 / 19.6 / 21.7 us against 28.4 / 22.6 / 25.6,
     // at M = 80 27.2 / 20.6 / 21.8 against 33.5 / 21.8 / 24.5 (qqq_tune --m128,
