@@ -41,9 +41,9 @@ using Wide = Config<1, 1, 4, 2, 4, 4>;    // M <= 16
 // took it to 150, one CTA per SM: 18.1 us at M = 1, 4096 x 11008).
 using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true, true>;
 using DirectPair = Config<1, 1, 2, 4, 4, 8, 2, true, true>;
-// M > 16 on an H100/H200 with sm_90a code: the warp-specialised wgmma kernel
-// (qqq_ws_kernel.cuh), its activations and weights each one TMA box per
-// slot. <BM, consumer warpgroups, stages, fragment sets, CTAs per SM, true>.
+// Larger M on an H100/H200 with sm_90a code (from where: the launcher below):
+// the warp-specialised wgmma kernel (qqq_ws_kernel.cuh), its activations and
+// weights each one TMA box per slot. <BM, consumer warpgroups, stages, fragment sets, CTAs per SM, true>.
 // H200, qqq_tune --ws (benchmarks/results/qqq-ws_nvidia-h200_2026-11-23.txt),
 // against the mma.sync tiles below, K = N = 8192 / 4096 x 11008 / 11008 x 4096:
 //   per channel, M = 32:  32 rows x 128 columns, 16.9 / 14.3 / 16.1 us (22.8 / 17.3 / 19.3);

@@ -14,9 +14,10 @@
 // K (split-K, sized from the SM count) leave int32 partial tiles in a
 // workspace, and the last one to arrive (an atomic counter per tile) adds them
 // and runs the epilogue. Integer sums are exact, so the order of arrival
-// cannot change a bit of the result. At M <= 16 per channel a second kernel,
-// qqq_direct_kernel, loads the weights straight into registers instead of
-// staging them; both end in finish().
+// cannot change a bit of the result. At small M (per channel, and per group
+// when the group scales fold) a second kernel, qqq_direct_kernel, loads the
+// weights straight into registers instead of staging them; both end in
+// finish(). On sm_90a a third, qqq_ws_kernel.cuh, takes over from M = 8.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
