@@ -448,7 +448,7 @@ m128)
   ;;
 rows32)
   # qqq_gemm at M = 64 and 128, both schemes: 32-row wgmma tiles (one or two CTAs per SM) against the op.
-  QQQ_M128_ROWS32=1 qqq_tune_mode --m128
+  qqq_tune_mode --rows32
   ;;
 dfold)
   # qqq_gemm per group at M <= 16: the direct kernel with the group scales folded per block of 4 units

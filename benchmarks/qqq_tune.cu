@@ -615,31 +615,34 @@ static void fold_m(int sms) {
 
 // --m128: per channel at M = 80 and 128, the op's 128-row tiles against
 // 64-row tiles (Ws64, two CTAs per SM; WS64b3, three) with forced splits:
-// at 4096 x 11008 the 86 column tiles of Ws128 fill 86 of 132 SMs (the run in
-// benchmarks/results/qqq-m128_...). Then at M = 64 and 128, both schemes, the
-// 32-row tiles (Ws32 at one CTA per SM, Ws32Group's shape at two) against the
-// op's choice: smaller tiles, more CTAs.
+// at 4096 x 11008 the 86 column tiles of Ws128 fill 86 of 132 SMs.
 static void m128(int sms) {
   check_config<WS64b3>("WS64b3", sms);
   if (g_failures) return;
-  const bool rows32 = std::getenv("QQQ_M128_ROWS32") != nullptr;
   for_small_cases(
-      rows32 ? std::initializer_list<int>{64, 128} : std::initializer_list<int>{80, 128},
-      [](const Device&, int, int, float) {},
+      {80, 128}, [](const Device&, int, int, float) {},
       [&](Timed& t, float read_clean) {
-        const std::vector<int> autos = {0}, some = {0, 1, 2};
-        if (rows32) {
-          time_op(t, 0, read_clean);
-          time_config<Ws64>("Ws64", t, sms, autos, Flush::Clean);
-          if (t.p.gs < 0) time_config<Ws32>("Ws32", t, sms, some, Flush::Clean);
-          time_config<Ws32Group>("Ws32Group", t, sms, some, Flush::Clean);
-          return;
-        }
         if (t.p.gs > 0) return;
         time_op(t, 0, read_clean);
         time_config<Ws128>("Ws128 (op)", t, sms, {0, 1, 2, 4}, Flush::Clean);
         time_config<Ws64>("Ws64", t, sms, {0, 1, 2, 3, 4}, Flush::Clean);
         time_config<WS64b3>("WS64b3", t, sms, {0, 1, 2, 3}, Flush::Clean);
+      });
+}
+
+// --rows32: at M = 64 and 128, both schemes, the 32-row tiles (Ws32 at one
+// CTA per SM, Ws32Group's shape at two) against Ws64 and the op's choice:
+// smaller tiles, more CTAs. (benchmarks/results/qqq-rows32_... was run as
+// --m128 with QQQ_M128_ROWS32 set, the same cases.)
+static void rows32(int sms) {
+  for_small_cases(
+      {64, 128}, [](const Device&, int, int, float) {},
+      [&](Timed& t, float read_clean) {
+        const std::vector<int> autos = {0}, some = {0, 1, 2};
+        time_op(t, 0, read_clean);
+        time_config<Ws64>("Ws64", t, sms, autos, Flush::Clean);
+        if (t.p.gs < 0) time_config<Ws32>("Ws32", t, sms, some, Flush::Clean);
+        time_config<Ws32Group>("Ws32Group", t, sms, some, Flush::Clean);
       });
 }
 
@@ -722,6 +725,7 @@ int main(int argc, char** argv) {
   const bool ws = argc > 1 && std::strcmp(argv[1], "--ws") == 0;
   const bool fold = argc > 1 && std::strcmp(argv[1], "--fold") == 0;
   const bool m128_mode = argc > 1 && std::strcmp(argv[1], "--m128") == 0;
+  const bool rows32_mode = argc > 1 && std::strcmp(argv[1], "--rows32") == 0;
   const bool dfold_mode = argc > 1 && std::strcmp(argv[1], "--dfold") == 0;
   const bool ws_probe_mode = argc > 1 && std::strcmp(argv[1], "--ws-probe") == 0;
   const bool ncu_probe = ws_probe_mode && std::getenv("QQQ_NCU_ONLY") != nullptr;
@@ -764,13 +768,14 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
   CHECK(cudaMemset(g_flush, 1, kFlushBytes));
   CHECK(cudaMalloc(&g_sink, 4));
-  if (small || direct || ws || ws_probe_mode || fold || m128_mode || dfold_mode) {
+  if (small || direct || ws || ws_probe_mode || fold || m128_mode || rows32_mode || dfold_mode) {
     g_copy_gbps = 4200;  // the floor column only; measured below in the full run
     if (small) small_m(sms);
     if (direct) direct_m(sms);
     if (ws) ws_m(sms);
     if (fold) fold_m(sms);
     if (m128_mode) m128(sms);
+    if (rows32_mode) rows32(sms);
     if (dfold_mode) dfold(sms);
     if (ws_probe_mode) ws_probe(sms);
     std::printf(g_failures ? "%d FAILURES\n" : "all checks passed\n", g_failures);

@@ -43,7 +43,8 @@ using DirectStripe = Config<1, 1, 1, 8, 4, 8, 1, true, true>;
 using DirectPair = Config<1, 1, 2, 4, 4, 8, 2, true, true>;
 // Larger M on an H100/H200 with sm_90a code (from where: the launcher below):
 // the warp-specialised wgmma kernel (qqq_ws_kernel.cuh), its activations and
-// weights each one TMA box per slot. <BM, consumer warpgroups, stages, fragment sets, CTAs per SM, true>.
+// weights each one TMA box per slot. <BM, consumer warpgroups, stages,
+// fragment sets, CTAs per SM, true>.
 // H200, qqq_tune --ws (benchmarks/results/qqq-ws_nvidia-h200_2026-11-23.txt),
 // against the mma.sync tiles below, K = N = 8192 / 4096 x 11008 / 11008 x 4096:
 //   per channel, M = 32:  32 rows x 128 columns, 16.9 / 14.3 / 16.1 us (22.8 / 17.3 / 19.3);
@@ -129,7 +130,7 @@ auto with_plan(int64_t M, int64_t N, int64_t K, int64_t group_size, F&& f) {
     }
     // Per channel up to 64 rows, two 32-row tiles at two CTAs per SM (Ws32Group's
     // shape; per channel it does not fold) beat one of 64: M = 64 20.1 / 16.6 /
-    // 17.9 us against 21.9 / 19.0 / 21.4 (qqq_tune --m128 with QQQ_M128_ROWS32,
+    // 17.9 us against 21.9 / 19.0 / 21.4 (qqq_tune --rows32,
     // qqq-rows32_...txt; Ws32 at one CTA per SM 20.1 / 16.7 / 19.3). Folded per
     // group they do not (24.1 / 21.2 / 19.4 against 23.5 / 20.3 / 21.7), nor at
     // M = 128 (25.2 / 27.9 / 22.9 against 24.7 / 20.4 / 22.3 per channel).

@@ -142,6 +142,13 @@ __device__ __forceinline__ void dequant_channel(uint32_t w, uint32_t& b0, uint32
   b1 = w & 0xF0F0F0F0u;
 }
 
+// 1 when a byte of `w` (four group scales) lies outside [1, 16], else 0: no
+// byte of (w - 1 per byte) reaches 16 exactly when all are in range (a zero
+// byte borrows and turns 0xFF, a large one keeps its high nibble).
+__device__ __forceinline__ uint32_t scales_out_of_range(uint32_t w) {
+  return static_cast<uint32_t>(((w - 0x01010101u) & 0xF0F0F0F0u) != 0);
+}
+
 // Per group: q * s in each byte, s in [1, 16]; `c` = (128 - 8 s) * 0x01010101.
 // (q + 8) * s + 128 - 8 s = q s + 128 lies in [0, 240]: no carry between bytes.
 __device__ __forceinline__ void dequant_group(uint32_t w, uint32_t s, uint32_t c, uint32_t& b0, uint32_t& b1) {
@@ -512,18 +519,13 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
   const bool stripe_ok = stripe < NB;
 
   // The warp's units: first + i * WK, i in [0, count); FOLD: unit i is unit
-  // i % 4 of block (i / 4) * WK + wk of the CTA's range, the last block of the
-  // range (the warp's last, if it has it) possibly short.
+  // i % 4 of block (i / 4) * WK + wk of the CTA's range. A folded range is
+  // whole blocks: group_size (a multiple of 128) divides K (the op's check),
+  // and a split's bounds are multiples of BK.
+  static_assert(!FOLD || C::BK % (32 * FU) == 0, "splits of whole blocks");
   const int first = u_begin + wk * (FOLD ? FU : 1);
-  int count;
-  if constexpr (FOLD) {
-    const int blocks = (range + FU - 1) / FU;
-    const int mine = stripe_ok && blocks > wk ? (blocks - wk + C::WK - 1) / C::WK : 0;
-    const bool short_last = mine > 0 && wk + (mine - 1) * C::WK == blocks - 1 && range % FU != 0;
-    count = mine * FU - (short_last ? FU - range % FU : 0);
-  } else {
-    count = stripe_ok && range > wk ? (range - wk + C::WK - 1) / C::WK : 0;
-  }
+  const int items = FOLD ? range / FU : range;  // blocks or units, dealt round the WK warps
+  const int count = stripe_ok && items > wk ? (items - wk + C::WK - 1) / C::WK * (FOLD ? FU : 1) : 0;
   // Offset (in units, from `first`) of the warp's unit i.
   auto uoff = [](int i) { return FOLD ? (i / FU) * C::WK * FU + i % FU : i * C::WK; };
 
@@ -591,18 +593,16 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
       a_off[mb][h] = r < rows ? r * p.a_stride + t * 4 : -1;
     }
 
-  // FOLD: the current block's partial sums; its rows 8-15 are only summed
-  // and folded when they exist.
+  // FOLD: the current block's partial sums; its rows 8-15 are only folded
+  // when they exist.
   [[maybe_unused]] int32_t part[FOLD ? C::MBW : 1][4][4];
-  [[maybe_unused]] const int hi_rows = rows;
   auto fold = [&](uint2 s8) {
-    // Every byte in [1, 16] exactly when no byte of (scales - 1) reaches 16.
-    bad |= static_cast<uint32_t>((((s8.x - 0x01010101u) | (s8.y - 0x01010101u)) & 0xF0F0F0F0u) != 0);
+    bad |= scales_out_of_range(s8.x) | scales_out_of_range(s8.y);
 #pragma unroll
     for (int mb = 0; mb < C::MBW; ++mb)
 #pragma unroll
       for (int e4 = 0; e4 < 4; ++e4) {
-        if (e4 >= 2 && hi_rows <= mb * 16 + 8) continue;
+        if (e4 >= 2 && rows <= mb * 16 + 8) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int32_t sc = static_cast<int32_t>(((e4 % 2 ? s8.y : s8.x) >> (8 * j)) & 0xFFu);
@@ -693,9 +693,8 @@ __global__ void __launch_bounds__(kThreads, C::MINB) qqq_direct_kernel(const Par
       }
       if (i < count) {
         compute(wv, sg, i, d % FU == 0);
-        // A block ends at its fourth unit or at the warp's last (a short last block).
         if constexpr (FOLD) {
-          if (d % FU == FU - 1 || i == count - 1) fold(s_block);
+          if (d % FU == FU - 1) fold(s_block);
         }
       }
     }
@@ -816,6 +815,15 @@ constexpr auto kernel_of() {
   }
 }
 
+// The mma.sync kernels' launch (staged or direct): their shared memory.
+template <class C, bool GROUPED, bool FOLD>
+const char* launch_tiles(const Params& p, const Plan& plan, int64_t blocks, cudaStream_t s) {
+  constexpr auto kernel = kernel_of<C, GROUPED, FOLD>();
+  if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
+  kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p);
+  return cuda::error_string(cudaGetLastError());
+}
+
 // The wgmma kernel's launch: its shared memory, the tensor maps.
 template <class C, bool GROUPED, bool FOLD>
 const char* launch_ws(const Params& p, const Plan& plan, int64_t blocks, cudaStream_t s) {
@@ -870,19 +878,12 @@ const char* launch(const QqqGemmArgs& args, const Plan& plan, void* stream) {
     }
     return launch_ws<C, GROUPED, false>(p, plan, blocks, s);
   } else {
+    // The direct kernel's group scales once per block when every group spans whole blocks.
     if constexpr (GROUPED && C::FOLD) {
-      if (C::folds(p.group_size)) {
-        constexpr auto kernel = kernel_of<C, true, true>();
-        if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
-        kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p);
-        return cuda::error_string(cudaGetLastError());
-      }
+      if (C::folds(p.group_size)) return launch_tiles<C, true, true>(p, plan, blocks, s);
     }
-    constexpr auto kernel = kernel_of<C, GROUPED>();
-    if (const char* e = cuda::allow_smem<kernel>(plan.smem)) return e;
-    kernel<<<static_cast<unsigned>(blocks), C::THREADS, plan.smem, s>>>(p);
+    return launch_tiles<C, GROUPED, false>(p, plan, blocks, s);
   }
-  return cuda::error_string(cudaGetLastError());
 }
 
 }  // namespace

@@ -230,13 +230,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
       wv[u] = *reinterpret_cast<const uint4*>(sw + u * 512);
       if constexpr (GROUPED && !FOLD) sgw[u] = *reinterpret_cast<const uint32_t*>(sg + u * C::BN);
     }
-    // Every byte in [1, 16] exactly when no byte of (scales - 1) reaches 16: a
-    // zero byte borrows and turns 0xFF, a large one keeps its high nibble.
-    auto out_of_range = [](uint32_t w) { return static_cast<uint32_t>(((w - 0x01010101u) & 0xF0F0F0F0u) != 0); };
     [[maybe_unused]] uint32_t s_slot = 0;
     if constexpr (FOLD) {
       s_slot = *reinterpret_cast<const uint32_t*>(sg);
-      bad |= out_of_range(s_slot) & live & 1u;
+      bad |= scales_out_of_range(s_slot) & live & 1u;
       if (i > 0) {
         wgmma_wait<0>();
         fold(cur, s_prev);
@@ -247,7 +244,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
       const uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
       uint32_t b[4][2];
       if constexpr (GROUPED && !FOLD) {
-        bad |= out_of_range(sgw[u]) & (live >> u);
+        bad |= scales_out_of_range(sgw[u]) & (live >> u);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const uint32_t s = __byte_perm(sgw[u], 0, 0x4440 + j);
