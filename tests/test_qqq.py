@@ -267,6 +267,48 @@ def test_qqq_linear_relative_error_on_a_small_mlp(group_size, bound, device):
     assert 0.02 < rel < bound
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_quantize_act_marks_non_finite_rows(bad, seed):
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(seed))
+    x[2, 17] = bad
+    a, s = quantize_act_int8(x)
+    assert s[2].isnan() and (a[2] == 0).all()
+    assert torch.isfinite(s[[0, 1, 3]]).all()
+    ref, _ = quantize_act_int8(x[[0, 1, 3]])
+    assert torch.equal(a[[0, 1, 3]], ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_qqq_linear_non_finite_token_gives_nan_row(bad, device):
+    dev = torch.device(device)
+    lin = _mlp()[0].to(dev)
+    q = opforge.nn.QQQLinear.from_linear(lin, 128)
+    x = torch.randn(5, 512, generator=generator(dev, 2), device=dev)
+    x[3, 100] = bad
+    y, yq = lin(x), q(x)
+    assert not torch.isfinite(y[3]).all()  # what the float layer does
+    assert yq[3].isnan().all()
+    assert torch.isfinite(yq[[0, 1, 2, 4]]).all()
+
+
+@pytest.mark.parametrize("cast, want", [("half", torch.float16), ("bfloat16", torch.bfloat16), ("float", torch.float32)])
+def test_qqq_linear_cast_sets_the_output_dtype(cast, want):
+    lin = _mlp()[0]
+    q = opforge.nn.QQQLinear.from_linear(lin, -1, out_dtype=torch.float16 if want == torch.float32 else torch.float32)
+    x = torch.randn(3, 512).to(want)  # values the cast layer's inputs can hold
+    before = q(x.float()).float()
+    q = getattr(q, cast)()
+    assert q.out_dtype == want and q.s_ch.dtype == torch.float32 and q.w_packed.dtype == torch.int32 and q.bias.dtype == want
+    y = q(x)
+    assert y.dtype == want
+    # The same integer product, rounded to the new dtype once more.
+    torch.testing.assert_close(y.float(), before, rtol=2e-2, atol=2e-2 * before.abs().max().item())
+    with pytest.raises(TypeError, match=r"QQQLinear: the kernel writes .* outputs, cannot cast the layer to torch\.float64"):
+        q.double()
+    assert q.s_ch.dtype == torch.float32 and q.bias.dtype == want and q(x.to(want)).dtype == want
+
+
 def test_qqq_linear_module_shapes_dtypes_and_errors():
     lin = torch.nn.Linear(64, 96, bias=False).half()
     q = opforge.nn.QQQLinear.from_linear(lin, 32)

@@ -74,13 +74,15 @@ class LLTM(nn.Module):
 
 
 class QQQLinear(nn.Module):
-    """A W4A8 linear layer on ``opforge::qqq_gemm`` (issue 8, the QQQ method):
+    """A W4A8 linear layer on ``opforge::qqq_gemm`` (the QQQ method):
     int4 weights packed for the kernel, activations quantised to int8 per token
     on the fly, integer tensor-core products, output in ``out_dtype``.
 
     ``QQQLinear.from_linear(linear, group_size=-1 | 128)`` quantises an
     ``nn.Linear`` (``opforge.quant.quantize_weight_w4``); ``in_features`` and
     ``out_features`` must be multiples of 32. Inference only: no gradients.
+    A cast of the layer (``.half()``, ``.to(torch.bfloat16)``) sets its output
+    dtype; a token holding NaN or Inf gives NaN outputs in its row.
     """
 
     w_packed: torch.Tensor
@@ -125,6 +127,27 @@ class QQQLinear(nn.Module):
         if linear.bias is not None:
             layer.bias = linear.bias.detach().to(out_dtype).clone()
         return layer
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module's protocol
+        # A dtype cast (.half(), .to(torch.bfloat16)) means "outputs of that
+        # dtype", as for nn.Linear; the kernel's scales stay float32 and the
+        # packed weights int32, whatever the cast.
+        bias_dtype = None if self.bias is None else self.bias.dtype
+        super()._apply(fn, recurse)
+        cast = self.s_ch.dtype if self.s_ch.dtype != torch.float32 else None
+        if cast is None and self.bias is not None and self.bias.dtype != bias_dtype:
+            cast = self.bias.dtype
+        if cast is None:
+            return self
+        self.s_ch = self.s_ch.to(torch.float32)
+        if cast not in (torch.float16, torch.bfloat16, torch.float32):
+            if self.bias is not None:
+                self.bias = self.bias.to(bias_dtype)  # the layer stays usable as it was
+            raise TypeError(f"QQQLinear: the kernel writes float16, bfloat16 or float32 outputs, cannot cast the layer to {cast}")
+        self.out_dtype = cast
+        if self.bias is not None:
+            self.bias = self.bias.to(cast)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

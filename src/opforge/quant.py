@@ -159,14 +159,21 @@ def dequantize_weight_w4(
 def quantize_act_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token symmetric int8: ``x [..., K]`` -> ``(a [M, K] int8, s_tok [M] float32)``
     with M the product of the leading dimensions and ``x ~= a * s_tok[:, None]``.
-    A row of zeros gets scale 1."""
+    A row of zeros gets scale 1.
+
+    A row holding a NaN or an infinity gets scale NaN and zeros in ``a``, so
+    that every output of that row of ``qqq_gemm`` is NaN, as a float layer's
+    output is non-finite there: the non-finite input is not quantised away into
+    finite numbers."""
     if x.dim() < 1 or not x.is_floating_point():
         raise ValueError(f"quantize_act_int8: x must be a floating tensor [..., K], got {x.dtype} of shape {list(x.shape)}")
     x2 = x.detach().reshape(math.prod(x.shape[:-1]), x.shape[-1]).to(torch.float32)
+    finite = torch.isfinite(x2).all(dim=1)
+    x2 = torch.where(finite.unsqueeze(1), x2, torch.zeros_like(x2))
     amax = x2.abs().amax(dim=1) if x2.shape[1] else torch.zeros(x2.shape[0], device=x.device)
     s_tok = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
     a = torch.round(x2 / s_tok.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
-    return a, s_tok
+    return a, torch.where(finite, s_tok, torch.full_like(s_tok, math.nan))
 
 
 __all__ = [
