@@ -261,12 +261,34 @@ def test_cuda_kernel_is_generated_and_compiles_with_plain_nvcc(tmp_path):
         ("my_op", "opforge", "namespace 'opforge' collides with an existing torch.ops namespace"),
         ("my_op", "my-ns", "namespace 'my-ns' is not a valid identifier"),
         ("json", None, "NAME 'json' is already an importable Python module"),
+        ("a" * 250, None, "NAME 'aaaaaaaaaaaaaaaaaaaa'... is 250 characters long; at most 64"),
+        ("my_op", "n" * 65, "namespace 'nnnnnnnnnnnnnnnnnnnn'... is 65 characters long; at most 64"),
     ],
 )
 def test_bad_names_are_refused(tmp_path, name, namespace, message):
     with pytest.raises(ProjectError, match="^" + re.escape(message)):
         scaffold(name, tmp_path / "pkg", namespace)
     assert not (tmp_path / "pkg").exists()  # nothing written
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_write_that_fails_leaves_nothing_behind(tmp_path, monkeypatch, exists):
+    target = tmp_path / "pkg"
+    if exists:
+        target.mkdir()
+    real_write, written = Path.write_text, []
+
+    def write_text(self, *args, **kwargs):
+        if len(written) == 2:
+            raise OSError(28, "No space left on device", str(self))
+        written.append(self)
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(ProjectError, match=f"^could not write the package into {re.escape(str(target))}: No space left on device"):
+        scaffold("my_op", target)
+    assert len(written) == 2
+    assert (list(target.iterdir()) == []) if exists else not target.exists()
 
 
 def test_a_non_empty_directory_is_refused(tmp_path):

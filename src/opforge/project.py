@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import keyword
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ _CPP_KEYWORDS = frozenset(
 )
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# File names (NAME_kernel.cu, NAME/ops.py) and C++ symbols are made from the
+# name: 64 characters keeps every one far inside a file system's 255-byte limit.
+MAX_NAME = 64
 
 
 class ProjectError(ValueError):
@@ -90,6 +94,10 @@ def torch_namespaces() -> set[str]:
 
 def check_identifier(value: str, what: str) -> None:
     """Raises ProjectError unless ``value`` can name a C++ function, a Python package and a torch.ops namespace."""
+    if len(value) > MAX_NAME:
+        raise ProjectError(
+            f"{what} {value[:20]!r}... is {len(value)} characters long; at most {MAX_NAME}, since file names are made from it"
+        )
     if not _IDENTIFIER.fullmatch(value):
         raise ProjectError(
             f"{what} {value!r} is not a valid identifier: it must start with a letter and contain only letters, digits and "
@@ -154,10 +162,20 @@ def scaffold(
     # Render everything before writing anything: a template error leaves no half-written package.
     files = [(template, out.format(name=name)) for template, out, cuda_only in _FILES if cuda or not cuda_only]
     rendered = {out: env.get_template(template).render(context) for template, out in files}
-    for rel, text in rendered.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    existed = root.exists()
+    try:
+        for rel, text in rendered.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    except OSError as exc:
+        # A full disk, a read-only folder, a path too long: no half-written package stays behind.
+        if existed:
+            for child in root.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+        raise ProjectError(f"could not write the package into {root}: {exc.strerror or exc} ({exc.filename or root})") from None
     return root
 
 
