@@ -125,6 +125,19 @@ def test_public_functions_carry_the_schema_signature():
     assert "opforge::axpby(Tensor x, Tensor y" in opforge.axpby.__doc__
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_a_missing_tensor_names_the_operator_and_the_argument(op):
+    spec = SPECS[op]
+    plain = {"Tensor": torch.ones(2), "Optional[Tensor]": None, "float": 1.0, "int": 1, "bool": False}
+    args = {a.name: plain[str(a.type)] for a in spec.schema.arguments if not a.has_default_value()}
+    tensors = [name for name, v in args.items() if isinstance(v, torch.Tensor)]
+    for value, shown in ((None, r"NoneType \(None\)"), (7, r"int \(7\)")):
+        with pytest.raises(TypeError, match=rf"^{spec.qualname}: {tensors[0]} must be a Tensor, got {shown}$"):
+            spec.function(**{**args, tensors[0]: value})
+    with pytest.raises(TypeError, match=rf"^{spec.qualname}: missing a required argument: '{tensors[-1]}'$"):
+        spec.function(**{k: v for k, v in args.items() if k != tensors[-1]})
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_nn_modules(device):
     x = torch.randn(8, 5, device=device, requires_grad=True)

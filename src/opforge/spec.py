@@ -152,11 +152,19 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     fast = fast_op(spec.qualname)
     if fast is not None and spec.backward is not None and spec.setup_context is not None:
         fast.set_autograd(spec.setup_context, spec.backward, Context)
-    if fast is None:
 
-        def fn(*args: Any, **kwargs: Any) -> Any:
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        try:
             return op(*args, **kwargs)
+        except (NotImplementedError, RuntimeError):
+            # The dispatcher's words for a None or a number where a tensor is
+            # due ("no fallback function is registered") blame the operator's
+            # writer; name the argument instead.
+            _check_tensor_arguments(spec, args, kwargs)
+            raise
 
+    if fast is None:
+        fn = dispatch
     else:
         # Dynamo reads is_compiling() as True while tracing: graphs get the dispatcher op.
         is_compiling = torch.compiler.is_compiling
@@ -166,7 +174,7 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
                 out = fast(*args)
                 if out is not NotImplemented:
                     return out
-            return op(*args, **kwargs)
+            return dispatch(*args, **kwargs)
 
     fn._opforge_fast = fast  # type: ignore[attr-defined]
 
@@ -175,6 +183,18 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     fn.__signature__ = spec.signature()  # type: ignore[attr-defined]
     fn.__doc__ = f"{spec.doc.strip()}\n\nSchema: {spec.schema}\n"
     return fn
+
+
+def _check_tensor_arguments(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raises TypeError naming the first non-optional Tensor argument that got no tensor."""
+    try:
+        bound = spec.signature().bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{spec.qualname}: {exc}") from None
+    for a in spec.schema.arguments:
+        if str(a.type) == "Tensor" and a.name in bound.arguments and not isinstance(bound.arguments[a.name], torch.Tensor):
+            value = bound.arguments[a.name]
+            raise TypeError(f"{spec.qualname}: {a.name} must be a Tensor, got {type(value).__name__} ({value!r:.40})") from None
 
 
 _REGISTRY: dict[str, OpSpec] = {}
