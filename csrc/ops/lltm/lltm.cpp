@@ -59,6 +59,15 @@ Sizes check_cell(const char* op, const at::Tensor& input, const at::Tensor& old_
   const Sizes z{input.size(0), input.size(1), old_h.size(1)};
   TORCH_CHECK(old_h.size(0) == z.batch, op, ": old_h must have input's batch size ", z.batch,
               " in dim 0, got shape ", old_h.sizes());
+  // Weights of a whole cell for input's features ([3S, F + S] for some S)
+  // point at old_h when it disagrees: blame the one that is wrong.
+  if (weights.dim() == 2 && weights.size(0) % 3 == 0 &&
+      weights.size(1) == z.features + weights.size(0) / 3) {
+    const int64_t state = weights.size(0) / 3;
+    TORCH_CHECK(z.state == state, op, ": old_h must have shape [batch, state_size] = [", z.batch,
+                ", ", state, "] (state_size from weights ", weights.sizes(), "), got ",
+                old_h.sizes());
+  }
   check_shape(op, "weights", weights, {3 * z.state, z.features + z.state},
               "[3 * state_size, input_features + state_size]");
   return z;
@@ -139,7 +148,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
     const std::optional<at::Tensor>& grad_h, const std::optional<at::Tensor>& grad_cell,
     const std::optional<at::Tensor>& grad_gates, const at::Tensor& new_cell,
     const at::Tensor& gates, const at::Tensor& input, const at::Tensor& old_h,
-    const at::Tensor& weights, std::array<bool, 5> output_mask) {
+    const at::Tensor& weights, const c10::List<bool>& mask) {
+  // bool[] rather than bool[5] in the schema: the dispatcher's own length
+  // error does not name the operator.
+  TORCH_CHECK(mask.size() == 5, kBackward,
+              ": output_mask must have 5 entries (d_old_h, d_input, d_weights, d_bias, "
+              "d_old_cell), got ",
+              mask.size());
+  const std::array<bool, 5> output_mask{mask[0], mask[1], mask[2], mask[3], mask[4]};
   const Sizes z = check_cell(kBackward, input, old_h, weights);
   const std::vector<int64_t> cell_shape{z.batch, z.state};
   const std::vector<int64_t> gates_shape{z.batch, 3 * z.state};
@@ -264,7 +280,7 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
       "lltm_backward(Tensor? grad_h, Tensor? grad_cell, Tensor? grad_gates, Tensor new_cell, "
       "Tensor gates, Tensor input, Tensor old_h, Tensor weights, "
-      "bool[5] output_mask=[True, True, True, True, True]) "
+      "bool[] output_mask=[True, True, True, True, True]) "
       "-> (Tensor d_old_h, Tensor d_input, Tensor d_weights, Tensor d_bias, Tensor d_old_cell)");
 }
 

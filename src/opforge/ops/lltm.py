@@ -104,6 +104,16 @@ def _expect_cell(op: str, input: torch.Tensor, old_h: torch.Tensor, weights: tor
     expect_2d(op, "old_h", old_h, "[batch, state_size]")
     B, F_, S = input.shape[0], input.shape[1], old_h.shape[1]
     torch._check(old_h.shape[0] == B, lambda: f"{op}: old_h must have input's batch size {B} in dim 0, got shape {list(old_h.shape)}")
+    # As the C++ check: weights of a whole cell for input's features point at old_h when it disagrees.
+    if weights.dim() == 2 and weights.shape[0] % 3 == 0 and weights.shape[1] == F_ + weights.shape[0] // 3:
+        state = weights.shape[0] // 3
+        torch._check(
+            state == S,
+            lambda: (
+                f"{op}: old_h must have shape [batch, state_size] = [{B}, {state}] (state_size from weights "
+                f"{list(weights.shape)}), got {list(old_h.shape)}"
+            ),
+        )
     expect_shape(op, "weights", weights, [3 * S, F_ + S], "[3 * state_size, input_features + state_size]")
     return B, F_, S
 
@@ -130,6 +140,10 @@ def _fake_backward(
     weights: torch.Tensor,
     output_mask: Sequence[bool] = (True,) * 5,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch._check(
+        len(output_mask) == 5,
+        lambda: f"{OP_BACKWARD}: output_mask must have 5 entries (d_old_h, d_input, d_weights, d_bias, d_old_cell), got {len(output_mask)}",
+    )
     B, F_, S = _expect_cell(OP_BACKWARD, input, old_h, weights)
     for name, t, shape, how in (
         ("grad_h", grad_h, [B, S], "[batch, state_size]"),
@@ -340,6 +354,11 @@ def _bad_forward(device: torch.device) -> list[BadInput]:
         bad("weights transposed", (x, w.t(), b, h, c), r"weights must have shape .* = \[9, 8\], got \[8, 9\]"),
         bad("2-D bias [1, 3S]", (x, w, b[None], h, c), r"bias must have shape \[3 \* state_size\] = \[9\], got \[1, 9\]"),
         bad(
+            "old_h of another state_size than weights",
+            (x, w, b, f32(B, S + 1), c),
+            r"old_h must have shape \[batch, state_size\] = \[4, 3\] \(state_size from weights \[9, 8\]\), got \[4, 4\]",
+        ),
+        bad(
             "old_cell shape != old_h shape",
             (x, w, b, h, f32(B, S + 1)),
             r"old_cell must have shape \[batch, state_size\] \(old_h's\) = \[4, 3\], got \[4, 4\]",
@@ -401,6 +420,16 @@ def _bad_backward(device: torch.device) -> list[BadInput]:
             "weights for other input_features", match=r"weights must have shape .* = \[9, 8\], got \[9, 9\]", weights=f32(3 * S, F_ + S + 1)
         ),
         bad("old_h batch != input batch", match=r"old_h must have input's batch size 4 in dim 0, got shape \[2, 3\]", old_h=f32(2, S)),
+        bad(
+            "old_h of another state_size than weights",
+            match=r"old_h must have shape \[batch, state_size\] = \[4, 3\] \(state_size from weights \[9, 8\]\), got \[4, 2\]",
+            old_h=f32(B, S - 1),
+        ),
+        BadInput(
+            "output_mask of 4 entries",
+            (*args, [True] * 4),
+            match=rf"^{q}: output_mask must have 5 entries \(d_old_h, d_input, d_weights, d_bias, d_old_cell\), got 4",
+        ),
     ]
     if device.type == "cuda":
         cases.append(
