@@ -136,6 +136,7 @@ def test_build_a_user_folder_by_a_torch_library_route(tmp_path, route):
     assert ("b.cpp:1:" if route != "inline" else "broken_op.cpp:1:") in res.stderr
 
 
+@pytest.mark.slow
 def test_build_a_user_folder_by_the_cmake_route(tmp_path):
     import shutil
 
@@ -166,6 +167,7 @@ def test_build_a_user_folder_by_the_cmake_route(tmp_path):
     assert "(cmake; loaded into torch.ops)" in res.stdout
 
 
+@pytest.mark.slow
 def test_cmake_route_passes_its_own_interpreter(tmp_path):
     """An activated virtualenv or a python3 first on PATH must not become the
     build's interpreter: opforge passes the one whose torch it builds against."""
@@ -201,7 +203,47 @@ def test_cmake_route_passes_its_own_interpreter(tmp_path):
 
 
 def test_run_is_the_main_job():
-    res = opforge_cli("run", "square", "--device", "cpu", "--seed", "2", "--dtype", "float32", "--budget", "0.01", "--no-compile")
+    res = opforge_cli("run", "square", "--device", "cpu", "--seed", "2", "--budget", "0.01")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "op library:" in res.stdout and "opforge check" in res.stdout and "opforge bench" in res.stdout
-    assert "5 passed, 0 failed" in res.stdout
+    # A line per phase step, also when the output is not a terminal (as here).
+    assert "check square: reference pass" in res.stderr
+    assert "bench square float32 2^22: opforge " in res.stderr  # the largest case, float32 on the CPU, only
+    assert "float16" not in res.stderr.split("check square:")[1]
+    # One table at the end: the check's verdict, the times, the baseline not run and why.
+    assert "op library:" in res.stdout and "opforge run:" in res.stdout
+    for col in ("operator", "check", "vs eager", "vs torch.compile", "% of limit"):
+        assert col in res.stdout
+    table = res.stdout[res.stdout.index("opforge run:") :]
+    assert "opforge::square" in table and "pass" in table and "not run" in table and "2^22" in table and "2^16" not in table
+    assert "not run on the CPU; --full runs it" in table
+    assert "1 operator: 1 passed every check, 0 failed; 1 case timed, 0 refused" in res.stdout
+    assert "opforge check (" not in res.stdout and "opforge bench:" not in res.stdout  # no per-phase tables
+
+
+def test_run_fails_when_a_check_fails(monkeypatch, capsys):
+    """The exit code says whether everything passed: a failed check is a
+    nonzero exit, named in the table and listed after it."""
+    from opforge import check, cli
+
+    real = check.check_op
+
+    def failing(spec, *args, **kwargs):
+        results = real(spec, *args, **kwargs)
+        results[1] = check.CheckResult(spec.name, results[1].check, "fail", count=1, failures=["planted failure"])
+        return results
+
+    monkeypatch.setattr(check, "check_op", failing)
+    code = cli.main(["run", "square", "--device", "cpu", "--seed", "1", "--budget", "0.01", "--no-compile"])
+    out = capsys.readouterr()
+    assert code == 1
+    assert "FAIL opcheck" in out.out and "opcheck: planted failure" in out.out
+    assert "1 operator: 0 passed every check, 1 failed" in out.out
+    assert "check square: reference pass" in out.err and "opcheck FAIL (1/1)" in out.err
+
+
+def test_bench_prints_a_line_per_case(tmp_path):
+    args = ("bench", "add", "--device", "cpu", "--dtype", "float32", "--budget", "0.01", "--seed", "3", "--no-compile", "--case", "2^16")
+    res = opforge_cli(*args)
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = next(ln for ln in res.stderr.splitlines() if ln.startswith("bench add float32 2^16:"))
+    assert " us, " in line and "vs eager" in line and "compiled: not asked (--no-compile)" in line

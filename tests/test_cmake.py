@@ -25,7 +25,12 @@ import torch
 
 from opforge.build.prebuilt import explain_load_error
 
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not on PATH: the CMake route cannot be built here")
+# One CMake build for the module: slow, and in one worker under pytest-xdist.
+pytestmark = [
+    pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not on PATH: the CMake route cannot be built here"),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("cmake"),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 OPS = ("add", "add_out", "square", "axpby", "axpby_backward", "sigmoid", "sigmoid_backward")

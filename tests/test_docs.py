@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import cache_with_library
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 DOCS = ROOT / "docs"
@@ -184,7 +186,7 @@ class Session:
         env.update(
             PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
             PYTHONPATH=os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            OPFORGE_CACHE_DIR=str(tmp / "opforge-cache"),
+            OPFORGE_CACHE_DIR=str(cache_with_library(tmp / "opforge-cache")),
             PYTHONUNBUFFERED="1",
             PYTHONDONTWRITEBYTECODE="1",
         )

@@ -16,13 +16,22 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import cache_with_library
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+# Each example builds its own C++: slow. Its runs start together (one fixture
+# for the module): under pytest-xdist they stay in one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("examples")]
+
+
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("opforge-cache")
+    # A cache of the module's own, with the op library of this run in it: the
+    # examples build their own code, not opforge's library again.
+    return cache_with_library(tmp_path_factory.mktemp("opforge-cache"))
 
 
 def start_example(name: str, cache_dir: Path, *args: str) -> subprocess.Popen[str]:

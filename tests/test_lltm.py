@@ -19,7 +19,7 @@ from opforge.check import generator, measure_error
 from opforge.ops.lltm import TOLERANCES, backward_args, make_cell, reference_backward, reference_forward
 from opforge.spec import get_specs
 
-from .conftest import DEVICES
+from .conftest import DEVICES, cache_with_library
 
 ROOT = Path(__file__).resolve().parents[1]
 HALF = [torch.float16, torch.bfloat16]
@@ -260,15 +260,17 @@ def _check_example_output(out: str, device: str) -> None:
     assert out.rstrip().endswith("lltm: all checks passed")
 
 
+@pytest.mark.slow
 def test_example_trains_on_cpu(tmp_path):
-    # A fresh cache: the example builds the op library itself (a cold build, ~15 s on 2 idle cores).
-    out = _run_example(tmp_path / "cache", "--device", "cpu", "--steps", "40", timeout=900)
+    # A cache of its own, holding this run's op library: the example's own code, not the library, is what it builds and runs.
+    out = _run_example(cache_with_library(tmp_path / "cache"), "--device", "cpu", "--steps", "40", timeout=900)
     _check_example_output(out, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.cuda
 def test_example_trains_on_cuda(tmp_path):
-    out = _run_example(tmp_path / "cache", "--device", "cuda", "--steps", "100", timeout=900)
+    out = _run_example(cache_with_library(tmp_path / "cache"), "--device", "cuda", "--steps", "100", timeout=900)
     _check_example_output(out, "cuda")
 
 

@@ -18,7 +18,11 @@ import opforge
 from opforge.build import csrc_dir
 from opforge.project import ProjectError, find_project, scaffold
 
+from .conftest import cache_with_library
+
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
+# One scaffolded package serves the module: under pytest-xdist its tests stay in one worker.
+pytestmark = pytest.mark.xdist_group("new")
 NAME = "opf_softsign"  # the package, the operator and (by default) its namespace
 
 
@@ -26,7 +30,8 @@ NAME = "opf_softsign"  # the package, the operator and (by default) its namespac
 def env(tmp_path_factory) -> dict[str, str]:
     # A build cache of the module's own; the opforge command's environment (its
     # console script sets OPFORGE_NO_AUTOLOAD: commands load what they need).
-    cache = tmp_path_factory.mktemp("cache")
+    # It holds this run's op library already: what the tests build is the package.
+    cache = cache_with_library(tmp_path_factory.mktemp("cache"))
     return {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache), "OPFORGE_NO_AUTOLOAD": "1"}
 
 

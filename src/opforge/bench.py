@@ -82,13 +82,15 @@ def repeat_until_stable(
     max_reps: int = 100_000,
     target_spread: float = TARGET_SPREAD,
     clock: Callable[[], float] = time.perf_counter,
+    chunk: int = 10,
 ) -> Timing:
-    """Calls ``batch(k)`` (k timed calls, their times in us) until the spread of
-    all samples is under ``target_spread``, the budget is spent or ``max_reps`` reached."""
+    """Calls ``batch(k)`` (k <= ``chunk`` timed calls, their times in us) until the
+    spread of all samples is under ``target_spread``, the budget is spent or
+    ``max_reps`` reached."""
     samples: list[float] = []
     deadline = clock() + budget_s
     while True:
-        samples += batch(min(10, max_reps - len(samples)))
+        samples += batch(min(chunk, max_reps - len(samples)))
         if len(samples) >= min_reps and Timing.of(samples, "").spread < target_spread:
             return Timing.of(samples, "stable")
         if len(samples) >= max_reps:
@@ -217,10 +219,20 @@ def time_fn(fn: Callable[..., Any], sets: Sequence[Sample], timer: Timer, *, bud
             s = sets[i % len(sets)]
             return fn(*s.args, **s.kwargs)
 
-    for i in range(3):
-        call(i)
+    call(0)  # warm-up: allocator, compile, lazy init
     timer.sync()
-    return repeat_until_stable(timer.batch(call), budget_s=budget_s)
+    t0 = time.perf_counter()
+    call(1)
+    timer.sync()
+    # A call longer than a tenth of the budget (a large matmul on the CPU): one
+    # warm-up less and 5 timed calls at least, not 10; the median of a few long
+    # calls is as steady as that of many short ones, and the budget holds.
+    long_calls = time.perf_counter() - t0 > budget_s / 10
+    if not long_calls:
+        call(2)
+        timer.sync()
+    reps = 5 if long_calls else 10
+    return repeat_until_stable(timer.batch(call), budget_s=budget_s, min_reps=reps, chunk=reps)
 
 
 @dataclass
@@ -372,6 +384,39 @@ def count_cases(
     return per_dtype * sum(1 for d in dtypes if d in spec.dtypes)
 
 
+def largest_case(spec: OpSpec, device: torch.device) -> str:
+    """The name of the spec's benchmark case that moves the most (FLOPs first,
+    then bytes, by the op's cost model): the one where a kernel meets the
+    machine's limit rather than its launch or call overhead. A GPU's cases are
+    sized on the meta device, as in ``case_names``."""
+    where = device if device.type == "cpu" else torch.device("meta")
+    gen = torch.Generator(device="cpu") if where.type == "cpu" else None
+    best: tuple[tuple[int, int], str] | None = None
+    names = []
+    for sample in cases_of(spec, where, torch.float32, gen, sweep=False):  # type: ignore[arg-type]
+        names.append(sample.desc)
+        try:
+            cost = spec.cost(*sample.args, **sample.kwargs)
+        except Exception:  # noqa: BLE001 - a cost model that cannot read meta tensors: the spec's order decides
+            return names[-1] if best is None else best[1]
+        key = (cost.flops, cost.bytes)
+        if best is None or key > best[0]:
+            best = (key, sample.desc)
+    if best is None:
+        raise ValueError(f"{spec.qualname}: the spec declares no benchmark cases")
+    return best[1]
+
+
+def default_dtypes(spec: OpSpec, device: torch.device) -> list[torch.dtype]:
+    """The dtypes that say most about an op on ``device``: float32 on the CPU
+    (the op's first dtype where it has no float32); on a GPU the op's first
+    dtype and bfloat16, where the half types' bandwidth and tensor cores count."""
+    first = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+    if device.type == "cpu":
+        return [first]
+    return list(dict.fromkeys([spec.dtypes[0], *(d for d in (torch.bfloat16,) if d in spec.dtypes)]))
+
+
 def bench_op(
     spec: OpSpec,
     device: torch.device,
@@ -385,13 +430,23 @@ def bench_op(
     only: Sequence[str] | None = None,
     ceilings: Ceilings | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    verify: bool = True,
+    compile_note: str = "not asked (--no-compile)",
+    on_row: Callable[[BenchRow], None] = lambda _: None,
 ) -> list[BenchRow]:
     """Rows for every (dtype, case) of the op (the cases named in ``only``,
-    when given): timed if right, refused if not."""
-    progress(f"{spec.name}: verifying")
-    verdict = check_reference(spec, device, seed)
-    if not verdict.ok:
-        return [BenchRow(spec.name, "-", "-", f"refused: fails its reference check ({verdict.failures[0]})")]
+    when given): timed if right, refused if not. ``verify=False`` skips the
+    check of every sample against the reference (for a caller that has just
+    run it); each case's own output is still checked before it is timed.
+    ``compile_note``: why there is no torch.compile timing when ``compile`` is
+    False. ``on_row`` is called with each row as soon as it is measured."""
+    if verify:
+        progress(f"{spec.name}: verifying")
+        verdict = check_reference(spec, device, seed)
+        if not verdict.ok:
+            row = BenchRow(spec.name, "-", "-", f"refused: fails its reference check ({verdict.failures[0]})")
+            on_row(row)
+            return [row]
     timer = Timer(device)
     gen = generator(device, seed + 1)
     rows = []
@@ -402,6 +457,7 @@ def bench_op(
             problem = run_reference(spec, sample, dtype)
             if problem:
                 rows.append(BenchRow(spec.name, dname, sample.desc, f"refused: wrong at this size ({problem})"))
+                on_row(rows[-1])
                 continue
             cost = spec.cost(*sample.args, **sample.kwargs)
             numel = next(a.numel() for a in sample.args if isinstance(a, torch.Tensor))  # an optional first argument may be None
@@ -418,7 +474,7 @@ def bench_op(
                     made = [spec.baselines[impl](s) for s in sets]
                     fn, impl_sets = made[0][0], [m[1] for m in made]
                 if fn is None:
-                    row.timings[impl], row.notes[impl] = None, "not asked (--no-compile)"
+                    row.timings[impl], row.notes[impl] = None, compile_note
                     continue
                 try:
                     row.timings[impl] = time_fn(fn, impl_sets, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
@@ -429,6 +485,7 @@ def bench_op(
                     row.notes[impl] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
                 del impl_sets
             rows.append(row)
+            on_row(row)
             del sets
     return rows
 
@@ -596,7 +653,9 @@ __all__ = [
     "compare",
     "compute_bound",
     "count_cases",
+    "default_dtypes",
     "input_sets",
+    "largest_case",
     "new_report",
     "plot",
     "read_json",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import os
 import re
 import statistics
 import time
@@ -109,7 +110,7 @@ def load_or_measure(device: torch.device, device_name: str, *, remeasure: bool =
             pass
     ceilings = measure(device, device_name)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")  # processes measuring at once (parallel tests) each write their own
     tmp.write_text(json.dumps(asdict(ceilings), indent=1))
     tmp.replace(path)
     return ceilings

@@ -7,9 +7,11 @@ import os
 import random
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -238,6 +240,37 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_ops(
+    specs: Sequence[Any], device: Any, seed: int, checks: Sequence[str], seeds: int = 1, reference_on: str = "device"
+) -> dict[str, list[Any]]:
+    """Every check of every operator, a line per operator as each finishes;
+    the results by qualified name."""
+    from opforge.check import check_op
+    from opforge.report import Steps, check_cell
+
+    results: dict[str, list[Any]] = {}
+    steps = Steps(err, len(specs), "checking")
+    with steps.running():
+        for spec in specs:
+            steps.doing(spec.name)
+            start = time.perf_counter()
+            results[spec.qualname] = check_op(spec, device, seed, checks, seeds, reference_device="cpu" if reference_on == "cpu" else None)
+            cells = ", ".join(f"{r.check} {check_cell(r)}" for r in results[spec.qualname])
+            steps.line(f"check {spec.name}: {cells} ({time.perf_counter() - start:.1f} s)")
+    return results
+
+
+def check_failures(results: dict[str, list[Any]]) -> list[str]:
+    """The failures' messages, the first five per operator and check."""
+    failures: list[str] = []
+    for rs in results.values():
+        for r in rs:
+            failures += [f"{r.check}: {f}" for f in r.failures[:5]]
+            if len(r.failures) > 5:
+                failures.append(f"{r.check}: ... {len(r.failures) - 5} more")
+    return failures
+
+
 def run_check(
     names: Sequence[str],
     device_name: str,
@@ -247,62 +280,24 @@ def run_check(
     report: bool = False,
     reference_on: str = "device",
 ) -> bool:
-    from opforge.check import check_op
+    from opforge.report import check_table, worst_table
 
     names, projects_cuda, own_library = _projects(names)
     device = _device(device_name, projects_cuda, own_library=own_library)
     seed = _seed(seed)
     specs = _specs(names, own_library=own_library)
     err.print(f"opforge check on {device}, seed {seed}{f' (+{seeds - 1} more)' if seeds > 1 else ''} (rerun with --seed {seed})")
-    table = Table(title=f"opforge check ({device}, seed {seed}{f', {seeds} seeds' if seeds > 1 else ''})")
-    table.add_column("operator")
-    for c in checks:
-        table.add_column(c, justify="center")
-    failures: list[str] = []
-    worst_rows: list[tuple[str, str, object]] = []
-    n_pass = n_fail = 0
-    for spec in specs:
-        with err.status(f"checking {spec.name}"):
-            results = check_op(spec, device, seed, checks, seeds, reference_device="cpu" if reference_on == "cpu" else None)
-        cells = []
-        for r in results:
-            if r.status == "pass":
-                n_pass += 1
-                cells.append(f"[green]pass[/] ({r.count})")
-            elif r.status == "n/a":
-                cells.append(f"[dim]n/a[/] [dim]{r.note}[/]")
-            else:
-                n_fail += 1
-                cells.append(f"[bold red]FAIL[/] ({len(r.failures)}/{r.count})")
-                failures += [f"{r.check}: {f}" for f in r.failures[:5]]
-                if len(r.failures) > 5:
-                    failures.append(f"{r.check}: ... {len(r.failures) - 5} more")
-            worst_rows += [(spec.name, case, e) for case, e in r.worst.items()]
-        table.add_row(spec.qualname, *cells)
-    out.print(table)
+    results = check_ops(specs, device, seed, checks, seeds, reference_on)
+    out.print(check_table(f"opforge check ({device}, seed {seed}{f', {seeds} seeds' if seeds > 1 else ''})", checks, results))
+    worst_rows = [(spec.name, case, e) for spec in specs for r in results[spec.qualname] for case, e in r.worst.items()]
     if worst_rows:
-        out.print(_worst_table(worst_rows, per_case=report))
-    for f in failures:
+        out.print(worst_table(worst_rows, per_case=report))
+    for f in check_failures(results):
         out.print(f"[red]x[/] {escape(f)}", highlight=False)
+    n_pass = sum(r.status == "pass" for rs in results.values() for r in rs)
+    n_fail = sum(r.status == "fail" for rs in results.values() for r in rs)
     out.print(f"{n_pass} passed, {n_fail} failed")
     return n_fail == 0
-
-
-def _worst_table(rows: Sequence[tuple[str, str, object]], *, per_case: bool) -> Table:
-    """The largest error against the float64 reference: per op and dtype, or
-    (``--report``) per op and case, with the first mismatching index."""
-    grouped: dict[tuple[str, str], object] = {}
-    for op, case, e in rows:
-        key = (op, case if per_case else case.split(" ")[0])
-        grouped[key] = grouped[key].worse(e) if key in grouped else e  # type: ignore[attr-defined]
-    table = Table(title="worst error against the float64 reference" + (" per case" if per_case else " per dtype (--report: per case)"))
-    for col in ("operator", "case" if per_case else "dtype", "max abs err", "max rel err", "out of tolerance", "first mismatch"):
-        table.add_column(col, justify="left" if col in ("operator", "case", "dtype", "first mismatch") else "right")
-    for (op, case), e in grouped.items():
-        first = "-" if e.first_bad is None else f"{list(e.first_bad)}: got {e.got:.6g} want {e.want:.6g}"  # type: ignore[attr-defined]
-        bad = f"[red]{e.n_bad}[/]/{e.numel}" if e.n_bad else f"0/{e.numel}"  # type: ignore[attr-defined]
-        table.add_row(op, escape(case), f"{e.max_abs:.3g}", f"{e.max_rel:.3g}", bad, escape(first))  # type: ignore[attr-defined]
-    return table
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -317,28 +312,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report, args.reference_on) else 1
 
 
-def _fmt_us(t) -> str:  # noqa: ANN001
-    if t is None:
-        return "n/a"
-    flag = "" if t.stop == "stable" else "~"  # "~": the budget ran out before the spread fell under 1 %
-    return f"{flag}{t.median_us:,.1f} ±{100 * t.spread:.1f}%"
-
-
-def _fmt_x(x: float | None) -> str:
-    if x is None:
-        return "-"
-    colour = "green" if x >= 1.0 else "yellow"
-    return f"[{colour}]{x:.2f}x[/]"
-
-
 @dataclass
 class BenchOptions:
-    dtypes: Sequence[str] = ("float32", "float16", "bfloat16")
+    """What ``bench`` and ``run`` time. ``dtypes`` None: each op's own
+    (opforge.bench.default_dtypes); ``largest``: only each op's largest case;
+    ``compile`` None: the torch.compile baseline on a GPU, not on the CPU."""
+
+    dtypes: Sequence[str] | None = ("float32", "float16", "bfloat16")
     budget: float = 0.3
     graph: bool = False
-    compile: bool = True
+    compile: bool | None = True
     sweep: bool = False
     cases: Sequence[str] | None = None
+    largest: bool = False
     remeasure: bool = False
     json_path: Path | None = None
     csv_path: Path | None = None
@@ -346,40 +332,10 @@ class BenchOptions:
     compare_path: Path | None = None
 
 
-def bench_table(report) -> Table:  # noqa: ANN001
-    ceil = report.ceilings
-    limit = f", copy {ceil['copy_gbps']:,.0f} GB/s" if ceil else ""
-    table = Table(
-        title=f"opforge bench: {report.device_name} ({report.device}, torch {report.torch_version}, "
-        f"{report.threads} threads{', CUDA graphs' if report.graph else ''}{limit})"
-    )
-    # Baselines a spec adds (OpSpec.baselines), each with its own two columns.
-    extra = list(dict.fromkeys(k for r in report.rows for k in r.timings if k not in ("opforge", "eager", "compiled")))
-    cols = ["operator", "dtype", "size", "opforge us", "eager us", "compiled us", *(f"{b} us" for b in extra), "vs eager", "vs compiled"]
-    cols += [*(f"vs {b}" for b in extra), "GB/s", "TFLOP/s", "% of limit"]
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("operator", "dtype", "size") else "right")
-    for r in report.rows:
-        if r.status != "ok":
-            table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * (len(cols) - 4))
-            continue
-        pct = r.pct_of_limit("opforge")
-        table.add_row(
-            r.op,
-            r.dtype,
-            r.case,
-            _fmt_us(r.timings.get("opforge")),
-            _fmt_us(r.timings.get("eager")),
-            _fmt_us(r.timings.get("compiled")),
-            *(_fmt_us(r.timings.get(b)) for b in extra),
-            _fmt_x(r.speedup("eager")),
-            _fmt_x(r.speedup("compiled")),
-            *(_fmt_x(r.speedup(b)) for b in extra),
-            f"{r.gbps('opforge'):,.0f}",
-            _fmt_tflops(r),
-            f"{pct:.0f}%" if pct is not None else "-",
-        )
-    return table
+def bench_table(report) -> Any:  # noqa: ANN001
+    from opforge.report import bench_table as table
+
+    return table(report)
 
 
 def _fast_path_for_packages() -> None:
@@ -403,34 +359,27 @@ def _case_key(name: str) -> tuple[int, str]:
     return (int(name[2:]), "") if name.startswith("2^") and name[2:].isdigit() else (1 << 30, name)
 
 
-def _fmt_tflops(row) -> str:  # noqa: ANN001
-    """opforge's TFLOP/s / eager's, for rows that compute more than they move
-    (a matmul: more than one FLOP per byte); "-" for streaming ops, whose
-    measure is GB/s."""
-    from opforge.bench import compute_bound
-
-    if not compute_bound([row]):
-        return "-"
-    ours, eager = row.tflops("opforge"), row.tflops("eager")
-    return f"{ours:,.3g}" + (f" / {eager:,.3g}" if eager else "")
-
-
-def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
-    import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from opforge import bench, ceilings
-
+def _targets(names: Sequence[str], device_name: str) -> tuple[Any, list[Any]]:
+    """The device and the specs of ``names`` (package directories loaded)."""
     if any(Path(n).is_dir() for n in names):
         _fast_path_for_packages()
     names, projects_cuda, own_library = _projects(names)
     device = _device(device_name, projects_cuda, own_library=own_library)
-    seed = _seed(seed)
-    specs = _specs(names, own_library=own_library)
-    torch_dtypes = [getattr(torch, d) for d in opts.dtypes]
+    return device, _specs(names, own_library=own_library)
+
+
+def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, *, verified: Sequence[str] = ()) -> Any:
+    """The report of every op's cases, a line per case as each is timed.
+    ``verified``: qualified names whose reference check has just passed (not run again)."""
+    import torch
+
+    from opforge import bench, ceilings
+    from opforge.report import COMPILE_NOT_ON_CPU, Steps, row_line
+
     name = bench._device_name(device)
-    with err.status(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})"):
-        ceil = ceilings.load_or_measure(device, name, remeasure=opts.remeasure)
+    if opts.remeasure or not ceilings.cache_path(name).is_file():
+        err.print(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})", highlight=False)
+    ceil = ceilings.load_or_measure(device, name, remeasure=opts.remeasure)
     report = bench.new_report(device, graph=opts.graph, ceilings=ceil)
     if opts.cases:
         known = {n for s in specs for n in bench.case_names(s, device, sweep=opts.sweep)}
@@ -438,42 +387,71 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
         if unknown:
             what = "sweep cases" if opts.sweep else "cases"
             raise SystemExit(f"opforge bench: no {what} named {', '.join(unknown)}; they are: {', '.join(sorted(known, key=_case_key))}")
-    total = sum(bench.count_cases(s, device, torch_dtypes, sweep=opts.sweep, only=opts.cases) for s in specs)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task("benchmarking", total=total)
+    compile_ = opts.compile if opts.compile is not None else device.type != "cpu"
+    compile_note = "not asked (--no-compile)" if opts.compile is not None else COMPILE_NOT_ON_CPU
+    plan = []
+    for spec in specs:
+        dtypes = [getattr(torch, d) for d in opts.dtypes] if opts.dtypes else bench.default_dtypes(spec, device)
+        only = opts.cases if opts.cases else [bench.largest_case(spec, device)] if opts.largest else None
+        plan.append((spec, dtypes, only, bench.count_cases(spec, device, dtypes, sweep=opts.sweep, only=only)))
+    steps = Steps(err, sum(p[3] for p in plan), "benchmarking")
+    with steps.running():
+        for spec, dtypes, only, _ in plan:
+            started = [time.perf_counter()]
 
-        def step(message: str) -> None:
-            progress.update(task, description=f"benchmarking {message}")
-            if not message.endswith("verifying"):
-                progress.advance(task)
+            def on_row(row: Any, started: list[float] = started) -> None:
+                steps.line(row_line(row, time.perf_counter() - started[0]))
+                started[0] = time.perf_counter()
 
-        for spec in specs:
             report.rows += bench.bench_op(
-                spec, device, seed=seed, dtypes=torch_dtypes, budget_s=opts.budget, graph=opts.graph,
-                compile=opts.compile, sweep=opts.sweep, only=opts.cases, ceilings=ceil, progress=step,
+                spec, device, seed=seed, dtypes=dtypes, budget_s=opts.budget, graph=opts.graph, compile=compile_, sweep=opts.sweep,
+                only=only, ceilings=ceil, progress=steps.doing, verify=spec.qualname not in verified, compile_note=compile_note,
+                on_row=on_row,
             )  # fmt: skip
+    return report
+
+
+def write_outputs(report: Any, opts: BenchOptions) -> bool:
+    """The files asked for (JSON, CSV, plot) and the comparison with an earlier
+    run; False if that comparison found a regression."""
+    from opforge import bench, ceilings
+
+    for path, writer in ((opts.json_path, bench.write_json), (opts.csv_path, bench.write_csv)):
+        if path:
+            writer(report, path)
+            out.print(f"wrote {path}")
+    plot_path = opts.plot_path or (Path(f"opforge-bench-{ceilings._slug(report.device_name)}.png") if opts.sweep else None)
+    if plot_path:
+        bench.plot(report, plot_path)
+        out.print(f"wrote {plot_path}")
+    if opts.compare_path:
+        return print_comparison(bench.read_json(opts.compare_path), report)
+    return True
+
+
+def _print_notes(report: Any) -> None:
+    """Why a baseline has no timing, once per op, where it is not simply left out."""
+    from opforge.report import COMPILE_NOT_ON_CPU
+
+    notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items() if note != COMPILE_NOT_ON_CPU}
+    for op, impl, note in sorted(notes):
+        out.print(f"[yellow]{op}: no {impl} timing: {escape(note)}[/]", highlight=False)
+
+
+def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
+    device, specs = _targets(names, device_name)
+    seed = _seed(seed)
+    err.print(f"opforge bench on {device}, seed {seed}")
+    report = bench_ops(specs, device, seed, opts)
     out.print(bench_table(report))
     out.print(
         "medians per call, ± the inter-quartile range (~: stopped by --budget before it fell under 1 %); "
         "GB/s and TFLOP/s (opforge / eager, for ops of more than one FLOP per byte) from the op's cost model; "
         "% of limit = roofline floor (measured copy and matmul ceilings) / time"
     )
-    notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items()}
-    for op, impl, note in sorted(notes):
-        out.print(f"[yellow]{op}: no {impl} timing: {escape(note)}[/]", highlight=False)
+    _print_notes(report)
     ok = all(r.status == "ok" for r in report.rows)
-    for path, writer in ((opts.json_path, bench.write_json), (opts.csv_path, bench.write_csv)):
-        if path:
-            writer(report, path)
-            out.print(f"wrote {path}")
-    plot_path = opts.plot_path or (Path(f"opforge-bench-{ceilings._slug(name)}.png") if opts.sweep else None)
-    if plot_path:
-        bench.plot(report, plot_path)
-        out.print(f"wrote {plot_path}")
-    if opts.compare_path:
-        ok = print_comparison(bench.read_json(opts.compare_path), report) and ok
-    return ok
+    return write_outputs(report, opts) and ok
 
 
 def print_comparison(old, new) -> bool:  # noqa: ANN001
@@ -567,13 +545,57 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """The main job: build, check, benchmark, print the tables."""
-    print_library()
-    from opforge.check import CHECKS
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
-    ok = run_check(args.ops, args.device, args.seed, CHECKS)
-    ok = run_bench(args.ops, args.device, args.seed, _bench_options(args)) and ok
+
+def _run_options(args: argparse.Namespace) -> BenchOptions:
+    """The main job's cases: by default each op's largest case in the dtypes
+    that matter on the device, torch.compile on a GPU only; ``--full``: every
+    case of the sweeps, every dtype, torch.compile everywhere."""
+    from opforge.bench import BENCH_DTYPES
+
+    full = args.full
+    dtypes = args.dtype.split(",") if args.dtype else [str(d).removeprefix("torch.") for d in BENCH_DTYPES] if full else None
+    return BenchOptions(
+        dtypes=dtypes, budget=args.budget, graph=args.graph, compile=False if args.no_compile else True if full else None,
+        sweep=args.sweep or full, cases=args.case.split(",") if args.case else None, largest=not (full or args.case or args.sweep),
+        remeasure=args.remeasure, json_path=args.json, csv_path=args.csv, plot_path=args.plot, compare_path=args.compare,
+    )  # fmt: skip
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """The main job: build, check, benchmark; one summary table at the end."""
+    from opforge.check import CHECKS
+    from opforge.report import SummaryOp, summary_table
+
+    start = time.perf_counter()
+    device, specs = _targets(args.ops, args.device)
+    print_library()
+    seed = _seed(args.seed)
+    opts = _run_options(args)
+    err.print(
+        f"opforge run on {device}, seed {seed} (rerun with --seed {seed}): check {len(specs)} operators, then time them", highlight=False
+    )
+    checked = check_ops(specs, device, seed, CHECKS)
+    verified = [q for q, rs in checked.items() if all(r.ok for r in rs if r.check == "reference")]
+    report = bench_ops(specs, device, seed, opts, verified=verified)
+    by_op = {s.qualname: [r for r in report.rows if r.op == s.name] for s in specs}
+    out.print(summary_table(report, [SummaryOp(q, checked[q], by_op[q]) for q in checked]))
+    failures = check_failures(checked)
+    for f in failures:
+        out.print(f"[red]x[/] {escape(f)}", highlight=False)
+    _print_notes(report)
+    written_ok = write_outputs(report, opts)
+    n_fail = sum(any(not r.ok for r in rs) for rs in checked.values())
+    n_refused = sum(r.status != "ok" for r in report.rows)
+    ok = written_ok and not n_fail and not n_refused
+    n_timed = len(report.rows) - n_refused
+    out.print(
+        f"{_count(len(specs), 'operator')}: {len(specs) - n_fail} passed every check, {n_fail} failed; "
+        f"{_count(n_timed, 'case')} timed, {n_refused} refused ({time.perf_counter() - start:.0f} s)"
+        + ("" if args.full else "; --full: every case and dtype, torch.compile everywhere")
+    )
     return 0 if ok else 1
 
 
@@ -616,16 +638,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp.set_defaults(fn=cmd_check)
     for name, helptext, fn in [
         ("bench", "time operators against their PyTorch reference", cmd_bench),
-        ("run", "the main job: build, check and benchmark every operator", cmd_run),
+        ("run", "the main job: build, check every operator, time each in its largest case; one summary table", cmd_run),
     ]:
         sp = sub.add_parser(name, help=helptext)
         common(sp)
-        sp.add_argument("--dtype", default="float32,float16,bfloat16", help="comma-separated dtypes")
+        run = name == "run"
+        if run:
+            sp.add_argument("--full", action="store_true",
+                            help="every case of the sweeps (and their plot, as --sweep), every dtype, the torch.compile "
+                                 "baseline on the CPU too (tens of minutes there)")  # fmt: skip
+            sp.add_argument("--dtype", default=None,
+                            help="comma-separated dtypes (default: float32 on the CPU; on a GPU each op's first dtype "
+                                 "and bfloat16)")  # fmt: skip
+        else:
+            sp.add_argument("--dtype", default="float32,float16,bfloat16", help="comma-separated dtypes")
         sp.add_argument("--budget", type=float, default=0.3, help="at most this many seconds of timing per case and side (default 0.3)")
         sp.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph (no launch overhead)")
-        sp.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+        sp.add_argument("--no-compile", action="store_true",
+                        help="skip the torch.compile baseline" + (" (run by default on a GPU only)" if run else ""))  # fmt: skip
         sp.add_argument("--sweep", action="store_true", help="every size the specs declare for sweeps, and a plot")
-        sp.add_argument("--case", default=None, help="comma-separated case names to run (e.g. 2^26,2^28 with --sweep); default: all")
+        sp.add_argument("--case", default=None,
+                        help="comma-separated case names to run (e.g. 2^26,2^28 with --sweep); default: "
+                        + ("each op's largest" if run else "all"))  # fmt: skip
         sp.add_argument("--remeasure", action="store_true", help="measure the machine's ceilings again")
         sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
         sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")
