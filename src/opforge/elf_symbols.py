@@ -1,0 +1,161 @@
+"""The dynamic symbols of a shared library: what it takes from other libraries
+(undefined), what it defines, and the libraries it names (DT_NEEDED).
+
+binutils' ``nm -D`` reads them when it is installed; otherwise a small reader of
+the ELF's ``.dynsym``, ``.dynstr`` and ``.dynamic`` sections, in the standard
+library only, does. Both give the same names (symbol versions such as
+``@GLIBC_2.2.5`` stripped).
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+ELF_MAGIC = b"\x7fELF"
+_SHT_DYNSYM = 11
+_SHT_DYNAMIC = 6
+_DT_NEEDED = 1
+_STT_SECTION, _STT_FILE = 3, 4
+
+
+class ElfError(ValueError):
+    """A file that is not an ELF shared library, or one that cannot be read."""
+
+
+@dataclass(frozen=True)
+class DynamicSymbols:
+    undefined: tuple[str, ...]  # taken from other libraries, sorted
+    defined: tuple[str, ...]  # exported by the library itself, sorted
+    needed: tuple[str, ...]  # DT_NEEDED, in the library's order
+    reader: str  # "nm" or "elf" (this module's reader)
+
+
+def is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == ELF_MAGIC
+    except OSError:
+        return False
+
+
+def read_dynamic_symbols(path: Path, *, reader: str = "auto") -> DynamicSymbols:
+    """The library's dynamic symbols, through ``nm -D`` (``reader="nm"``), the
+    standard-library reader (``"elf"``), or ``nm`` when it is on PATH (``"auto"``).
+    Raises ElfError for a file that is no ELF shared library."""
+    if not is_elf(path):
+        raise ElfError(f"{path} is not an ELF file (a shared library .so, or a wheel .whl holding some)")
+    own = _read_elf(path)  # also for DT_NEEDED, which nm does not show
+    nm = shutil.which("nm") if reader in ("auto", "nm") else None
+    if reader == "nm" and nm is None:
+        raise ElfError("nm (binutils) is not on PATH")
+    if nm is None:
+        return own
+    return DynamicSymbols(_nm(nm, path, "--undefined-only"), _nm(nm, path, "--defined-only"), own.needed, "nm")
+
+
+def _nm(nm: str, path: Path, which: str) -> tuple[str, ...]:
+    res = subprocess.run([nm, "-D", which, str(path)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ElfError(f"nm -D {which} {path} failed: {res.stderr.strip() or res.returncode}")
+    names = set()
+    for line in res.stdout.splitlines():
+        fields = line.split()
+        if fields and not line.endswith(":"):
+            names.add(fields[-1].split("@", 1)[0])
+    return tuple(sorted(n for n in names if n))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    endian: str
+    wide: bool  # ELF64
+
+    def unpack(self, f: BinaryIO, fmt: str, offset: int) -> tuple:
+        f.seek(offset)
+        size = struct.calcsize(self.endian + fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise ElfError("truncated ELF file")
+        return struct.unpack(self.endian + fmt, data)
+
+
+def _read_elf(path: Path) -> DynamicSymbols:
+    with path.open("rb") as f:
+        ident = f.read(16)
+        if len(ident) < 16 or ident[:4] != ELF_MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+            raise ElfError(f"{path} is not a readable ELF file")
+        elf = _Layout("<" if ident[5] == 1 else ">", ident[4] == 2)
+        if elf.wide:
+            shoff, shentsize, shnum = _pick(elf.unpack(f, "HHIQQQIHHHHHH", 16), 5, 10, 11)
+            sh_fmt = "IIQQQQIIQQ"
+        else:
+            shoff, shentsize, shnum = _pick(elf.unpack(f, "HHIIIIIHHHHHH", 16), 5, 10, 11)
+            sh_fmt = "IIIIIIIIII"
+        if shoff == 0 or shnum == 0:
+            raise ElfError(f"{path} has no section headers: cannot find its dynamic symbols")
+        # (type, offset, size, link, entsize) of each section
+        sections = []
+        for i in range(shnum):
+            s = elf.unpack(f, sh_fmt, shoff + i * shentsize)
+            sections.append((s[1], s[4], s[5], s[6], s[9]))
+        dynsym = next((s for s in sections if s[0] == _SHT_DYNSYM), None)
+        if dynsym is None:
+            raise ElfError(f"{path} has no dynamic symbol table: not a shared library (an object file or a static binary?)")
+        strtab = sections[dynsym[3]]
+        f.seek(strtab[1])
+        strings = f.read(strtab[2])
+        undefined, defined = set(), set()
+        entsize = dynsym[4] or (24 if elf.wide else 16)
+        for i in range(1, dynsym[2] // entsize):  # entry 0 is the null symbol
+            if elf.wide:
+                name, info, _, shndx = elf.unpack(f, "IBBH", dynsym[1] + i * entsize)
+            else:
+                name, _, _, info, _, shndx = elf.unpack(f, "IIIBBH", dynsym[1] + i * entsize)
+            if info & 0xF in (_STT_SECTION, _STT_FILE):
+                continue
+            text = _cstring(strings, name)
+            if text:
+                (undefined if shndx == 0 else defined).add(text)
+        needed = []
+        dynamic = next((s for s in sections if s[0] == _SHT_DYNAMIC), None)
+        if dynamic is not None:
+            f.seek(sections[dynamic[3]][1])
+            dynstr = f.read(sections[dynamic[3]][2])
+            step = 16 if elf.wide else 8
+            for off in range(dynamic[1], dynamic[1] + dynamic[2], step):
+                tag, val = elf.unpack(f, "qQ" if elf.wide else "iI", off)
+                if tag == 0:
+                    break
+                if tag == _DT_NEEDED:
+                    needed.append(_cstring(dynstr, val))
+    return DynamicSymbols(tuple(sorted(undefined)), tuple(sorted(defined)), tuple(needed), "elf")
+
+
+def _pick(values: tuple, *indices: int) -> tuple[int, ...]:
+    return tuple(values[i] for i in indices)
+
+
+def _cstring(table: bytes, offset: int) -> str:
+    end = table.find(b"\0", offset)
+    return table[offset : end if end >= 0 else len(table)].decode("utf-8", "replace")
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    """C++ names demangled by ``c++filt`` (one call for all of them); an empty
+    dict when c++filt is not installed. Names it leaves alone map to themselves."""
+    tool = shutil.which("c++filt")
+    if tool is None or not names:
+        return {}
+    res = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True, text=True)
+    lines = res.stdout.splitlines()
+    if res.returncode != 0 or len(lines) != len(names):
+        return {}
+    return dict(zip(names, lines, strict=True))
+
+
+__all__ = ["ELF_MAGIC", "DynamicSymbols", "ElfError", "demangle", "is_elf", "read_dynamic_symbols"]
