@@ -322,7 +322,7 @@ def render(audits: list[LibraryAudit], table: ShimTable, *, show: int = SHOW) ->
             why = f" ({', '.join(newer[:5])}{', ...' if len(newer) > 5 else ''} came in {version_str(newest)})" if newer else ""
             lines.append(f"  its shim calls need torch >= {version_str(newest)}{why}")
         if a.unstable:
-            lines.append(f"  NOT STABLE: {a.n_unstable} symbols of libtorch/libc10 outside {shim_of}:")
+            lines.append(f"  NOT STABLE: {a.n_unstable} symbol{'s' * (a.n_unstable != 1)} of libtorch/libc10 outside {shim_of}:")
             quota = max(1, show // len(a.unstable)) if show < a.n_unstable else show  # every group gets its share
             shown = 0
             for group in sorted(a.unstable):
