@@ -3,6 +3,8 @@
 
 #include "add_kernel.h"
 #include "opforge/common.h"
+#include "opforge/cpu_vec.h"
+#include "opforge/elementwise.h"
 
 namespace opforge {
 namespace {
@@ -10,7 +12,19 @@ namespace {
 constexpr const char* kAdd = "opforge::add";
 constexpr const char* kAddOut = "opforge::add_out";
 
-// out = a + b over contiguous tensors of one dtype, device and size.
+struct AddOp {
+  static constexpr int kIn = 2;
+  static constexpr int kOut = 1;
+  template <typename A>
+  void operator()(const A* x, A* y) const {
+    y[0] = x[0] + x[1];
+  }
+#ifdef OPFORGE_X86_AVX2
+  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const { y[0] = _mm256_add_ps(x[0], x[1]); }
+#endif
+};
+
+// out = a + b over tensors of one dtype, device, size and dense layout.
 void add_into(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   const int64_t n = out.numel();
   run_kernel(
@@ -21,13 +35,8 @@ void add_into(const char* op, const at::Tensor& out, const at::Tensor& a, const 
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::add", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          scalar_t* o = out.data_ptr<scalar_t>();
-          const scalar_t* x = a.const_data_ptr<scalar_t>();
-          const scalar_t* y = b.const_data_ptr<scalar_t>();
-          parallel_for_each(n, [=](int64_t i) {
-            o[i] = static_cast<scalar_t>(static_cast<acc_t>(x[i]) + static_cast<acc_t>(y[i]));
-          });
+          cpu::for_each_element<scalar_t>(AddOp{}, n, {a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>()},
+                                          {out.data_ptr<scalar_t>()});
         });
       });
 }
@@ -39,23 +48,21 @@ void check_inputs(const char* op, const at::Tensor& a, const at::Tensor& b) {
 
 at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
   check_inputs(kAdd, a, b);
-  at::Tensor out = at::empty(a.sizes(), a.options());
-  add_into(kAdd, out, a.contiguous(), b.contiguous());
+  const DenseLayout layout({a, b});
+  at::Tensor out = layout.new_output(a.options());
+  add_into(kAdd, out, layout.input(a), layout.input(b));
   return out;
 }
 
 void add_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   check_inputs(kAddOut, a, b);
   check_out(kAddOut, out, a, {{"a", &a}, {"b", &b}});
-  if (out.is_contiguous()) {
-    add_into(kAddOut, out, a.contiguous(), b.contiguous());
-  } else {
-    // The kernels walk memory linearly: compute into a dense buffer, then let
-    // copy_ scatter it into out's layout.
-    at::Tensor dense = at::empty(a.sizes(), a.options());
-    add_into(kAddOut, dense, a.contiguous(), b.contiguous());
-    out.copy_(dense);
-  }
+  into_out(
+      out,
+      [](const at::Tensor& dst, const at::Tensor& x, const at::Tensor& y) {
+        add_into(kAddOut, dst, x, y);
+      },
+      a, b);
 }
 
 void register_kernels(torch::Library& m) {

@@ -6,6 +6,8 @@
 
 #include "axpby_kernel.h"
 #include "opforge/common.h"
+#include "opforge/cpu_vec.h"
+#include "opforge/elementwise.h"
 
 namespace opforge {
 namespace {
@@ -13,30 +15,61 @@ namespace {
 constexpr const char* kAxpby = "opforge::axpby";
 constexpr const char* kAxpbyBackward = "opforge::axpby_backward";
 
+template <typename A>
+struct AxpbyOp {
+  static constexpr int kIn = 2;
+  static constexpr int kOut = 1;
+  A alpha;
+  A beta;
+  void operator()(const A* x, A* y) const { y[0] = alpha * x[0] + beta * x[1]; }
+#ifdef OPFORGE_X86_AVX2
+  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
+    const __m256 by = _mm256_mul_ps(_mm256_set1_ps(beta), x[1]);
+    y[0] = _mm256_fmadd_ps(_mm256_set1_ps(alpha), x[0], by);
+  }
+#endif
+};
+
+// Reads grad once and writes both gradients: 3 tensors of traffic instead of
+// the 4 that two separate scalings would move.
+template <typename A>
+struct AxpbyBackwardOp {
+  static constexpr int kIn = 1;
+  static constexpr int kOut = 2;
+  A alpha;
+  A beta;
+  void operator()(const A* x, A* y) const {
+    y[0] = alpha * x[0];
+    y[1] = beta * x[0];
+  }
+#ifdef OPFORGE_X86_AVX2
+  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
+    y[0] = _mm256_mul_ps(_mm256_set1_ps(alpha), x[0]);
+    y[1] = _mm256_mul_ps(_mm256_set1_ps(beta), x[0]);
+  }
+#endif
+};
+
 at::Tensor axpby(const at::Tensor& x, const at::Tensor& y, double alpha, double beta) {
   check_floating(kAxpby, "x", x);
   check_same(kAxpby, "x", x, "y", y);
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor yc = y.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options());
+  const DenseLayout layout({x, y});
+  const at::Tensor xd = layout.input(x);
+  const at::Tensor yd = layout.input(y);
+  at::Tensor out = layout.new_output(x.options());
   const int64_t n = out.numel();
   run_kernel(
       kAxpby, out,
       [&](auto stream) {
-        return axpby_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xc.const_data_ptr(),
-                          yc.const_data_ptr(), alpha, beta, n, stream);
+        return axpby_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xd.const_data_ptr(),
+                          yd.const_data_ptr(), alpha, beta, n, stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::axpby", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          const acc_t a = static_cast<acc_t>(alpha);
-          const acc_t b = static_cast<acc_t>(beta);
-          scalar_t* o = out.data_ptr<scalar_t>();
-          const scalar_t* u = xc.const_data_ptr<scalar_t>();
-          const scalar_t* v = yc.const_data_ptr<scalar_t>();
-          parallel_for_each(n, [=](int64_t i) {
-            o[i] = static_cast<scalar_t>(a * static_cast<acc_t>(u[i]) + b * static_cast<acc_t>(v[i]));
-          });
+          using A = at::opmath_type<scalar_t>;
+          cpu::for_each_element<scalar_t>(AxpbyOp<A>{static_cast<A>(alpha), static_cast<A>(beta)}, n,
+                                          {xd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
+                                          {out.data_ptr<scalar_t>()});
         });
       });
   return out;
@@ -45,29 +78,23 @@ at::Tensor axpby(const at::Tensor& x, const at::Tensor& y, double alpha, double 
 std::tuple<at::Tensor, at::Tensor> axpby_backward(const at::Tensor& grad, double alpha,
                                                   double beta) {
   check_floating(kAxpbyBackward, "grad", grad);
-  const at::Tensor gc = grad.contiguous();
-  at::Tensor grad_x = at::empty(grad.sizes(), grad.options());
-  at::Tensor grad_y = at::empty(grad.sizes(), grad.options());
-  const int64_t n = gc.numel();
+  const DenseLayout layout(grad);
+  const at::Tensor gd = layout.input(grad);
+  at::Tensor grad_x = layout.new_output(grad.options());
+  at::Tensor grad_y = layout.new_output(grad.options());
+  const int64_t n = gd.numel();
   run_kernel(
       kAxpbyBackward, grad_x,
       [&](auto stream) {
-        return axpby_backward_cuda(to_dtype(gc.scalar_type()), grad_x.data_ptr(), grad_y.data_ptr(),
-                                   gc.const_data_ptr(), alpha, beta, n, stream);
+        return axpby_backward_cuda(to_dtype(gd.scalar_type()), grad_x.data_ptr(), grad_y.data_ptr(),
+                                   gd.const_data_ptr(), alpha, beta, n, stream);
       },
       [&] {
-        OPFORGE_DISPATCH_FLOATING(gc.scalar_type(), "opforge::axpby_backward", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          const acc_t a = static_cast<acc_t>(alpha);
-          const acc_t b = static_cast<acc_t>(beta);
-          scalar_t* gx = grad_x.data_ptr<scalar_t>();
-          scalar_t* gy = grad_y.data_ptr<scalar_t>();
-          const scalar_t* g = gc.const_data_ptr<scalar_t>();
-          parallel_for_each(n, [=](int64_t i) {
-            const acc_t t = static_cast<acc_t>(g[i]);
-            gx[i] = static_cast<scalar_t>(a * t);
-            gy[i] = static_cast<scalar_t>(b * t);
-          });
+        OPFORGE_DISPATCH_FLOATING(gd.scalar_type(), "opforge::axpby_backward", [&] {
+          using A = at::opmath_type<scalar_t>;
+          cpu::for_each_element<scalar_t>(AxpbyBackwardOp<A>{static_cast<A>(alpha), static_cast<A>(beta)}, n,
+                                          {gd.const_data_ptr<scalar_t>()},
+                                          {grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>()});
         });
       });
   return {grad_x, grad_y};

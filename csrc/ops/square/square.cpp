@@ -2,6 +2,8 @@
 // dispatcher operator over any shape.
 
 #include "opforge/common.h"
+#include "opforge/cpu_vec.h"
+#include "opforge/elementwise.h"
 #include "square_kernel.h"
 
 namespace opforge {
@@ -9,26 +11,34 @@ namespace {
 
 constexpr const char* kSquare = "opforge::square";
 
+struct SquareOp {
+  static constexpr int kIn = 1;
+  static constexpr int kOut = 1;
+  template <typename A>
+  void operator()(const A* x, A* y) const {
+    y[0] = x[0] * x[0];
+  }
+#ifdef OPFORGE_X86_AVX2
+  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const { y[0] = _mm256_mul_ps(x[0], x[0]); }
+#endif
+};
+
 at::Tensor square(const at::Tensor& x) {
   check_floating(kSquare, "x", x);
-  const at::Tensor xc = x.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options());
+  const DenseLayout layout(x);
+  const at::Tensor xd = layout.input(x);
+  at::Tensor out = layout.new_output(x.options());
   const int64_t n = out.numel();
   run_kernel(
       kSquare, out,
       [&](auto stream) {
-        return square_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xc.const_data_ptr(), n,
+        return square_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xd.const_data_ptr(), n,
                            stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::square", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          scalar_t* o = out.data_ptr<scalar_t>();
-          const scalar_t* v = xc.const_data_ptr<scalar_t>();
-          parallel_for_each(n, [=](int64_t i) {
-            const acc_t t = static_cast<acc_t>(v[i]);
-            o[i] = static_cast<scalar_t>(t * t);
-          });
+          cpu::for_each_element<scalar_t>(SquareOp{}, n, {xd.const_data_ptr<scalar_t>()},
+                                          {out.data_ptr<scalar_t>()});
         });
       });
   return out;

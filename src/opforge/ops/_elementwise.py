@@ -38,6 +38,10 @@ def _layout(
         match desc:
             case "transposed 33x17":
                 return base(17, 33).t()
+            case "channels_last 2x3x5x7":
+                return base(2, 3, 5, 7).contiguous(memory_format=torch.channels_last)
+            case "permuted 6x4x5":  # dense, in neither row- nor column-major order
+                return base(4, 5, 6).permute(2, 0, 1)
             case "strided [::2] 61":
                 return base(122)[::2]
             case "offset 1, 1025":  # starts one element past an aligned address
@@ -62,7 +66,15 @@ _SHAPES: dict[str, tuple[int, ...]] = {
     "empty 0": (0,),
     "empty 3x0": (3, 0),
 }
-LAYOUTS: tuple[str, ...] = (*_SHAPES, "transposed 33x17", "strided [::2] 61", "offset 1, 1025", "expanded 9x31")
+LAYOUTS: tuple[str, ...] = (
+    *_SHAPES,
+    "transposed 33x17",
+    "channels_last 2x3x5x7",
+    "permuted 6x4x5",
+    "strided [::2] 61",
+    "offset 1, 1025",
+    "expanded 9x31",
+)
 # An out= tensor cannot be expanded: its elements would share memory.
 OUT_LAYOUTS: tuple[str, ...] = tuple(d for d in LAYOUTS if not d.startswith("expanded"))
 
@@ -93,13 +105,21 @@ def elementwise_samples(n: int, values: Transform | None = None) -> SampleFn:
 
 def elementwise_bench(n: int, *extra: Any, sweep: bool = False, **kwargs: Any) -> SampleFn:
     """A spec's ``bench_cases`` (or, with ``sweep``, its ``sweep_cases``): ``n``
-    contiguous random tensors per size, then ``extra`` and ``kwargs``."""
+    random tensors per case (``bench_tensors``), then ``extra`` and ``kwargs``."""
 
     def cases(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[Sample]:
         for desc, tensors in bench_tensors(n, device, dtype, gen, sweep=sweep):
             yield Sample((*tensors, *extra), kwargs, desc=desc)
 
     return cases
+
+
+def result_like(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """An empty result laid out as torch's elementwise ops lay out theirs, as
+    the kernels do (a transposed or channels_last input gives a transposed or
+    channels_last result): what a fake kernel returns. For two inputs torch's
+    own ``add`` decides, on fake tensors, where nothing is computed."""
+    return torch.empty_like(x if y is None else torch.add(x, y))
 
 
 def like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -117,11 +137,30 @@ def bench_sizes(device: torch.device, *, sweep: bool = False) -> tuple[int, ...]
     return tuple(2**k for k in range(12, 29, 2)) if sweep else (2**16, 2**20, 2**24, 2**26)
 
 
+def bench_layouts(device: torch.device) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+    # A transposed matrix and a channels_last NCHW tensor, both 2^26 elements
+    # on a GPU (the size of the largest contiguous case) and 2^20 on the CPU.
+    if device.type == "cpu":
+        return (1024, 1024), (16, 64, 32, 32)
+    return (8192, 8192), (64, 256, 64, 64)
+
+
 def bench_tensors(
     n_tensors: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator, *, sweep: bool = False
 ) -> Iterator[tuple[str, list[torch.Tensor]]]:
+    """``n_tensors`` contiguous random tensors per size, then (not in a sweep)
+    the same number in each layout of ``bench_layouts``: the kernels must keep
+    torch's pace there without copying."""
     for n in bench_sizes(device, sweep=sweep):
         yield f"2^{int(math.log2(n))}", [randn((n,), dtype, device, gen) for _ in range(n_tensors)]
+    if sweep:
+        return
+    (rows, cols), nchw = bench_layouts(device)
+    yield f"transposed {rows}x{cols}", [randn((cols, rows), dtype, device, gen).t() for _ in range(n_tensors)]
+    yield (
+        "channels_last " + "x".join(map(str, nchw)),
+        [randn(nchw, dtype, device, gen).contiguous(memory_format=torch.channels_last) for _ in range(n_tensors)],
+    )
 
 
 def streaming_cost(*tensors: torch.Tensor, flops_per_element: int) -> Cost:

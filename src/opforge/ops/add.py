@@ -13,6 +13,7 @@ from opforge.ops._elementwise import (
     expect_out,
     expect_same,
     like,
+    result_like,
     streaming_cost,
     tensor_samples,
 )
@@ -29,7 +30,7 @@ def _check(op: str, a: torch.Tensor, b: torch.Tensor) -> None:
 
 def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check(OP, a, b)
-    return a.new_empty(a.shape)
+    return result_like(a, b)
 
 
 def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol

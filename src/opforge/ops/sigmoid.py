@@ -14,6 +14,7 @@ from opforge.ops._elementwise import (
     elementwise_samples,
     expect_floating,
     expect_same,
+    result_like,
     streaming_cost,
     tensor_samples,
 )
@@ -29,7 +30,7 @@ _TOLERANCES = {**DEFAULT_TOLERANCES, torch.float32: (1e-6, 2e-6)}
 
 def _fake(x: torch.Tensor) -> torch.Tensor:
     expect_floating(OP, "x", x)
-    return x.new_empty(x.shape)
+    return result_like(x)
 
 
 def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol
@@ -44,7 +45,7 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
 def _fake_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     expect_floating(OP_BACKWARD, "grad", grad)
     expect_same(OP_BACKWARD, "grad", grad, "y", y)
-    return grad.new_empty(grad.shape)
+    return result_like(grad, y)
 
 
 def _samples_backward(device: torch.device, dtype: torch.dtype, gen: torch.Generator):  # noqa: ANN202

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops._elementwise import bad_elementwise, elementwise_bench, elementwise_samples, expect_floating, streaming_cost
+from opforge.ops._elementwise import (
+    bad_elementwise,
+    elementwise_bench,
+    elementwise_samples,
+    expect_floating,
+    result_like,
+    streaming_cost,
+)
 from opforge.spec import OpSpec
 
 
 def _fake(x: torch.Tensor) -> torch.Tensor:
     expect_floating("opforge::square", "x", x)
-    return x.new_empty(x.shape)
+    return result_like(x)
 
 
 def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol

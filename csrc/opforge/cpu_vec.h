@@ -1,0 +1,193 @@
+#pragma once
+// CPU loops of the elementwise operators, at the speed of torch's own.
+//
+// The library is built with the compiler's default flags so that one build
+// (and one wheel) runs on any CPU of its architecture; on x86-64 that means
+// SSE2 only. The loops here are therefore compiled twice: once for AVX2 + FMA
+// + F16C through per-function target attributes, chosen at run time when the
+// CPU has them (what torch's own kernels do through their CPU_CAPABILITY
+// builds), and once as plain C++ for every other CPU and architecture.
+// float16 and bfloat16 are converted 8 at a time to float, computed in float
+// and rounded once on the way out, as torch computes them.
+//
+// An operator is a functor with kIn inputs and kOut outputs:
+//   template <typename A> void operator()(const A* in, A* out) const;   // A = float or double
+//   OPFORGE_AVX2 void operator()(const __m256* in, __m256* out) const;  // under OPFORGE_X86_AVX2
+// and for_each_element runs it over n elements of dense buffers, split
+// between ATen's threads at torch's grain.
+
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define OPFORGE_X86_AVX2 1
+#include <immintrin.h>
+#define OPFORGE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace opforge {
+namespace cpu {
+
+// torch's own elementwise grain (at::internal::GRAIN_SIZE), so that both
+// split a call into the same tasks: below 32K elements waking the thread team
+// costs more than these streaming loops.
+constexpr int64_t kGrain = 32768;
+
+namespace detail {
+
+template <typename Op, typename T>
+void loop_plain(const Op& op, const std::array<const T*, Op::kIn> in,
+                const std::array<T*, Op::kOut> out, int64_t begin, int64_t end) {
+  using A = at::opmath_type<T>;
+  for (int64_t i = begin; i < end; ++i) {
+    A x[Op::kIn];
+    A y[Op::kOut];
+    for (int k = 0; k < Op::kIn; ++k) x[k] = static_cast<A>(in[k][i]);
+    op(x, y);
+    for (int k = 0; k < Op::kOut; ++k) out[k][i] = static_cast<T>(y[k]);
+  }
+}
+
+#ifdef OPFORGE_X86_AVX2
+
+// ATEN_CPU_CAPABILITY=default turns torch's own vector kernels off; it turns
+// these off too, so one setting compares both on the plain code.
+inline bool cpu_has_avx2() {
+  static const bool yes = [] {
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    if (cap != nullptr && std::strcmp(cap, "default") == 0) return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }();
+  return yes;
+}
+
+// 8 elements of T <-> 8 float lanes.
+OPFORGE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+OPFORGE_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+
+OPFORGE_AVX2 inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+OPFORGE_AVX2 inline void store8(c10::Half* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+OPFORGE_AVX2 inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+// Round to nearest even on the upper 16 bits, NaN to 0x7FC0: c10::BFloat16's
+// rounding, 8 lanes at a time.
+OPFORGE_AVX2 inline void store8(c10::BFloat16* p, __m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+template <typename Op, typename T>
+OPFORGE_AVX2 inline void step8(const Op& op, const std::array<const T*, Op::kIn>& in,
+                               const std::array<T*, Op::kOut>& out, int64_t i) {
+  __m256 x[Op::kIn];
+  __m256 y[Op::kOut];
+  for (int k = 0; k < Op::kIn; ++k) x[k] = load8(in[k] + i);
+  op(x, y);
+  for (int k = 0; k < Op::kOut; ++k) store8(out[k] + i, y[k]);
+}
+
+template <typename Op, typename T>
+OPFORGE_AVX2 void loop_avx2(const Op& op, const std::array<const T*, Op::kIn> in,
+                            const std::array<T*, Op::kOut> out, int64_t begin, int64_t end) {
+  // `in` and `out` by value: the vector stores may alias anything, and would
+  // make the compiler reload pointers read through a reference every step.
+  int64_t i = begin;
+  // Two vectors a step: the second one's loads issue while the first one
+  // computes; more bought nothing on these streaming loops.
+  for (; i + 16 <= end; i += 16) {
+    step8(op, in, out, i);
+    step8(op, in, out, i + 8);
+  }
+  for (; i + 8 <= end; i += 8) step8(op, in, out, i);
+  if (i == end) return;
+  // The last 1-7 elements through the same vector code (bit-identical to
+  // the rest), staged in zero-padded buffers.
+  const int64_t rest = end - i;
+  alignas(32) T xs[Op::kIn][8] = {};
+  alignas(32) T ys[Op::kOut][8];
+  std::array<const T*, Op::kIn> tin;
+  std::array<T*, Op::kOut> tout;
+  for (int k = 0; k < Op::kIn; ++k) {
+    std::memcpy(xs[k], in[k] + i, rest * sizeof(T));
+    tin[k] = xs[k];
+  }
+  for (int k = 0; k < Op::kOut; ++k) tout[k] = ys[k];
+  step8(op, tin, tout, 0);
+  for (int k = 0; k < Op::kOut; ++k) std::memcpy(out[k] + i, ys[k], rest * sizeof(T));
+}
+
+#endif  // OPFORGE_X86_AVX2
+
+}  // namespace detail
+
+// out[k][i] = op(in[0][i], ...)[k] for i in [0, n), every buffer dense and
+// walked in the same order.
+template <typename T, typename Op>
+void for_each_element(const Op& op, int64_t n, const std::array<const T*, Op::kIn>& in,
+                      const std::array<T*, Op::kOut>& out) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+#ifdef OPFORGE_X86_AVX2
+    if constexpr (!std::is_same_v<T, double>) {
+      if (detail::cpu_has_avx2()) {
+        detail::loop_avx2(op, in, out, begin, end);
+        return;
+      }
+    }
+#endif
+    detail::loop_plain(op, in, out, begin, end);
+  });
+}
+
+#ifdef OPFORGE_X86_AVX2
+// exp(x) for 8 floats, within 2 ulp of float32 on the range below: x = n ln2
+// + r with ln2 split in two so r is exact to float precision, |r| <= ln2/2,
+// e^r by Cephes' degree-7 polynomial, 2^n put into the exponent bits. x is
+// clamped to [-87, 88], where n stays a normal exponent: outside it the
+// result saturates at e^-87 = 1.6e-38 and e^88 = 1.7e38 (callers that need
+// 0 and inf there say so). NaN passes through (min/max return their second
+// operand when one is NaN).
+OPFORGE_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+}  // namespace cpu
+}  // namespace opforge
