@@ -140,6 +140,7 @@ def test_static_libstdcxx_is_refused(tmp_path, cache, monkeypatch):
         load_library(cfg, quiet=True)
 
 
+@pytest.mark.slow  # four interpreters at once: minutes on a busy two-core machine
 def test_concurrent_processes_build_once(tmp_path, cache):
     cfg = _tiny(tmp_path, "opforge_tiny_race")
     code = textwrap.dedent(f"""

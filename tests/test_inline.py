@@ -241,6 +241,7 @@ def _entries(cache: Path, name: str) -> list[Path]:
     return sorted(cache.glob(f"{name}-*[0-9a-f]"))
 
 
+@pytest.mark.slow  # a torch/extension.h (pybind11) module: the heaviest headers there are
 def test_hello_from_a_string_builds_once(cache):
     module = inline("hello_inline", cpp=HELLO_CPP, functions=["hello"], quiet=True)
     assert module.hello() == "Hello World!"
@@ -285,6 +286,7 @@ def test_torch_library_op_from_a_string(cache):
     assert not again.built_now and again.path == lib.path
 
 
+@pytest.mark.slow  # a pybind11 folder built twice (edited in between)
 def test_seed_003_add2_folder(tmp_path, cache, seed):
     folder = _folder(tmp_path, "add2", {"add2.h": ADD2_H, "add2.cpp": ADD2_CPP, "add2_kernel.cpp": ADD2_CPU_KERNEL})
     module = build_pybind_folder(folder, quiet=True)

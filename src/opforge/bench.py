@@ -376,45 +376,53 @@ def case_names(spec: OpSpec, device: torch.device, *, sweep: bool) -> list[str]:
 
 
 def count_cases(
-    spec: OpSpec, device: torch.device, dtypes: Sequence[torch.dtype], *, sweep: bool, only: Sequence[str] | None = None
+    spec: OpSpec,
+    device: torch.device,
+    dtypes: Sequence[torch.dtype],
+    *,
+    sweep: bool,
+    only: Sequence[str] | None = None,
+    largest: bool = False,
 ) -> int:
     """How many rows bench_op will produce (for a progress bar)."""
+    n_dtypes = sum(1 for d in dtypes if d in spec.dtypes)
+    if largest and not only:
+        return n_dtypes
     names = case_names(spec, device, sweep=sweep)
-    per_dtype = sum(1 for n in names if not only or n in only)
-    return per_dtype * sum(1 for d in dtypes if d in spec.dtypes)
+    return n_dtypes * sum(1 for n in names if not only or n in only)
 
 
-def largest_case(spec: OpSpec, device: torch.device) -> str:
-    """The name of the spec's benchmark case that moves the most (FLOPs first,
-    then bytes, by the op's cost model): the one where a kernel meets the
-    machine's limit rather than its launch or call overhead. A GPU's cases are
-    sized on the meta device, as in ``case_names``."""
-    where = device if device.type == "cpu" else torch.device("meta")
-    gen = torch.Generator(device="cpu") if where.type == "cpu" else None
-    best: tuple[tuple[int, int], str] | None = None
-    names = []
-    for sample in cases_of(spec, where, torch.float32, gen, sweep=False):  # type: ignore[arg-type]
-        names.append(sample.desc)
-        try:
-            cost = spec.cost(*sample.args, **sample.kwargs)
-        except Exception:  # noqa: BLE001 - a cost model that cannot read meta tensors: the spec's order decides
-            return names[-1] if best is None else best[1]
-        key = (cost.flops, cost.bytes)
-        if best is None or key > best[0]:
-            best = (key, sample.desc)
-    if best is None:
-        raise ValueError(f"{spec.qualname}: the spec declares no benchmark cases")
-    return best[1]
+def _size(spec: OpSpec, sample: Sample) -> tuple[int, int]:
+    cost = spec.cost(*sample.args, **sample.kwargs)
+    return cost.flops, cost.bytes
+
+
+def largest_case(spec: OpSpec, cases: Iterable[Sample]) -> list[Sample]:
+    """The case that moves the most by the op's cost model (FLOPs first, then
+    bytes; the first of equals): where a kernel meets the machine's limit
+    rather than its launch or call overhead. One case is held at a time."""
+    best: tuple[tuple[int, int], Sample] | None = None
+    for sample in cases:
+        size = _size(spec, sample)
+        if best is None or size > best[0]:
+            best = (size, sample)
+    return [best[1]] if best else []
 
 
 def default_dtypes(spec: OpSpec, device: torch.device) -> list[torch.dtype]:
-    """The dtypes that say most about an op on ``device``: float32 on the CPU
-    (the op's first dtype where it has no float32); on a GPU the op's first
-    dtype and bfloat16, where the half types' bandwidth and tensor cores count."""
+    """The dtypes that say most about an op on ``device``. On the CPU float32
+    (the op's first dtype where it has no float32). On a GPU float32 for an op
+    that streams memory, and the half types for one that computes more than
+    one FLOP per byte moved (a matmul: the tensor cores' dtypes), as its
+    largest CPU case does."""
     first = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
-    if device.type == "cpu":
+    halves = [d for d in (torch.float16, torch.bfloat16) if d in spec.dtypes]
+    if device.type == "cpu" or not halves:
         return [first]
-    return list(dict.fromkeys([spec.dtypes[0], *(d for d in (torch.bfloat16,) if d in spec.dtypes)]))
+    cpu = torch.device("cpu")
+    (case,) = largest_case(spec, cases_of(spec, cpu, torch.float32, generator(cpu, 0), sweep=False))
+    flops, nbytes = _size(spec, case)
+    return halves if nbytes > 0 and flops >= nbytes else [first]
 
 
 def bench_op(
@@ -428,6 +436,7 @@ def bench_op(
     compile: bool = True,
     sweep: bool = False,
     only: Sequence[str] | None = None,
+    largest: bool = False,
     ceilings: Ceilings | None = None,
     progress: Callable[[str], None] = lambda _: None,
     verify: bool = True,
@@ -435,7 +444,8 @@ def bench_op(
     on_row: Callable[[BenchRow], None] = lambda _: None,
 ) -> list[BenchRow]:
     """Rows for every (dtype, case) of the op (the cases named in ``only``,
-    when given): timed if right, refused if not. ``verify=False`` skips the
+    when given; with ``largest``, the largest of them only, by the op's cost
+    model): timed if right, refused if not. ``verify=False`` skips the
     check of every sample against the reference (for a caller that has just
     run it); each case's own output is still checked before it is timed.
     ``compile_note``: why there is no torch.compile timing when ``compile`` is
@@ -452,7 +462,8 @@ def bench_op(
     rows = []
     for dtype in (d for d in dtypes if d in spec.dtypes):
         dname = str(dtype).removeprefix("torch.")
-        for sample in cases_of(spec, device, dtype, gen, sweep=sweep, only=only):
+        cases = cases_of(spec, device, dtype, gen, sweep=sweep, only=only)
+        for sample in largest_case(spec, cases) if largest else cases:
             progress(f"{spec.name} {dname} {sample.desc}")
             problem = run_reference(spec, sample, dtype)
             if problem:

@@ -392,11 +392,10 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
     plan = []
     for spec in specs:
         dtypes = [getattr(torch, d) for d in opts.dtypes] if opts.dtypes else bench.default_dtypes(spec, device)
-        only = opts.cases if opts.cases else [bench.largest_case(spec, device)] if opts.largest else None
-        plan.append((spec, dtypes, only, bench.count_cases(spec, device, dtypes, sweep=opts.sweep, only=only)))
-    steps = Steps(err, sum(p[3] for p in plan), "benchmarking")
+        plan.append((spec, dtypes, bench.count_cases(spec, device, dtypes, sweep=opts.sweep, only=opts.cases, largest=opts.largest)))
+    steps = Steps(err, sum(p[2] for p in plan), "benchmarking")
     with steps.running():
-        for spec, dtypes, only, _ in plan:
+        for spec, dtypes, _ in plan:
             started = [time.perf_counter()]
 
             def on_row(row: Any, started: list[float] = started) -> None:
@@ -405,8 +404,8 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
 
             report.rows += bench.bench_op(
                 spec, device, seed=seed, dtypes=dtypes, budget_s=opts.budget, graph=opts.graph, compile=compile_, sweep=opts.sweep,
-                only=only, ceilings=ceil, progress=steps.doing, verify=spec.qualname not in verified, compile_note=compile_note,
-                on_row=on_row,
+                only=opts.cases, largest=opts.largest, ceilings=ceil, progress=steps.doing, verify=spec.qualname not in verified,
+                compile_note=compile_note, on_row=on_row,
             )  # fmt: skip
     return report
 
