@@ -43,6 +43,12 @@ _FILES: tuple[tuple[str, str, bool], ...] = (
     ("package/ops/op.py.j2", "src/{name}/ops/{name}.py", False),
     ("tests/test_op.py.j2", "tests/test_{name}.py", False),
 )
+# opforge new --stable-abi: the C++ wrapper on PyTorch's stable ABI in place of the ATen one,
+# and a minimal Python module init; the CUDA kernel (no torch header) is the same.
+_STABLE_TEMPLATES = {"csrc/op.cpp.j2": "csrc/op_stable.cpp.j2"}
+_STABLE_FILES: tuple[tuple[str, str, bool], ...] = (("csrc/op_module.cpp.j2", "csrc/{name}/{name}_module.cpp", False),)
+#: The first torch whose stable ABI is versioned (TORCH_TARGET_VERSION, a shim that only grows).
+STABLE_TORCH_MIN = (2, 10)
 
 # Names the generated C++ and Python would clash with: torch.ops namespaces that
 # exist without being loaded yet, and the C++ namespaces of torch and CUDA.
@@ -126,17 +132,45 @@ def _check_directory(directory: Path) -> None:
         raise ProjectError(f"{directory} is not empty; give a new or empty directory (--dir)")
 
 
+def parse_torch_min(value: str) -> tuple[int, int]:
+    """``--torch-min`` as (major, minor): at least 2.10 (the first versioned stable ABI), at
+    most the installed torch (whose headers must know the version to target it)."""
+    import torch
+
+    m = re.fullmatch(r"(\d+)\.(\d+)", value.strip())
+    if m is None:
+        raise ProjectError(f"--torch-min {value!r} is not a torch version such as 2.10 (major.minor)")
+    wanted = (int(m.group(1)), int(m.group(2)))
+    if wanted < STABLE_TORCH_MIN:
+        raise ProjectError(f"--torch-min {value}: the stable ABI is versioned from torch 2.10 on; give 2.10 or later")
+    here = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if here is not None and wanted > (int(here.group(1)), int(here.group(2))):
+        raise ProjectError(
+            f"--torch-min {value} is newer than this torch ({torch.__version__}): its headers cannot target it; "
+            "scaffold with that torch installed, or give an older version"
+        )
+    return wanted
+
+
 def scaffold(
-    name: str, directory: str | Path | None = None, namespace: str | None = None, cuda: bool = True, backward: bool = False
+    name: str,
+    directory: str | Path | None = None,
+    namespace: str | None = None,
+    cuda: bool = True,
+    backward: bool = False,
+    stable_abi: bool = False,
+    torch_min: str = "2.10",
 ) -> Path:
     """Writes an operator package for ``name`` into ``directory`` (default ``./name``)
     and returns it. The operator is ``torch.ops.<namespace>.<name>`` (namespace
-    default: ``name``); the Python package is ``name``."""
+    default: ``name``); the Python package is ``name``. ``stable_abi``: the C++ on
+    PyTorch's stable ABI, so that one build loads in every torch from ``torch_min`` on."""
     import jinja2
 
     from opforge import __version__
 
     namespace = name if namespace is None else namespace
+    target = parse_torch_min(torch_min) if stable_abi else STABLE_TORCH_MIN
     check_identifier(name, "NAME")
     if namespace != name:
         check_identifier(namespace, "namespace")
@@ -159,8 +193,17 @@ def scaffold(
         lstrip_blocks=True,
     )
     context = {"name": name, "namespace": namespace, "cuda": cuda, "backward": backward, "opforge_version": __version__}
+    if stable_abi:
+        context |= {"stable_abi": True, "torch_min": f"{target[0]}.{target[1]}", "torch_major": target[0], "torch_minor": target[1]}
+    else:
+        context["stable_abi"] = False
     # Render everything before writing anything: a template error leaves no half-written package.
-    files = [(template, out.format(name=name)) for template, out, cuda_only in _FILES if cuda or not cuda_only]
+    chosen = (*_FILES, *_STABLE_FILES) if stable_abi else _FILES
+    files = [
+        (_STABLE_TEMPLATES.get(template, template) if stable_abi else template, out.format(name=name))
+        for template, out, cuda_only in chosen
+        if cuda or not cuda_only
+    ]
     rendered = {out: env.get_template(template).render(context) for template, out in files}
     existed = root.exists()
     try:
@@ -267,6 +310,7 @@ def project_library(path: str | Path) -> Library | None:
 
 
 __all__ = [
+    "STABLE_TORCH_MIN",
     "TEMPLATES",
     "Project",
     "ProjectError",
@@ -274,6 +318,7 @@ __all__ = [
     "find_project",
     "load_project",
     "not_a_project",
+    "parse_torch_min",
     "project_library",
     "scaffold",
     "torch_namespaces",
