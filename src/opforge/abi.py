@@ -196,11 +196,22 @@ def _torch_group(name: str, pretty: str, torch_c_names: frozenset[str]) -> str |
     if name.startswith("_Z"):
         if pretty == name:  # c++filt missing
             return "torch C++ (mangled)" if _TORCH_MANGLED.search(name) else None
-        m = _TORCH_DEMANGLED.search(pretty)
+        owner = _function_name(pretty)
+        m = _TORCH_DEMANGLED.match(owner) or _TORCH_DEMANGLED.search(pretty)
         return f"{m.group(1)}::* (C++)" if m else None
     if name.startswith(_TORCH_C_PREFIXES) or name in torch_c_names:
         return "libtorch C symbols outside the stable shim"
     return None
+
+
+def _function_name(pretty: str) -> str:
+    """The qualified name a demangled symbol is about, without its return type, template
+    arguments and parameters: ``at::TensorBase::data_ptr`` for
+    ``c10::Half* at::TensorBase::data_ptr<c10::Half>() const``."""
+    head = re.sub(r"operator[^\w\s(]+", "operator", pretty).split("(", 1)[0]
+    while (stripped := re.sub(r"<[^<>]*>", "", head)) != head:
+        head = stripped
+    return head.split()[-1] if head.split() else ""
 
 
 @functools.lru_cache(maxsize=4)
