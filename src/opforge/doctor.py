@@ -24,9 +24,7 @@ import platform
 import re
 import shutil
 import stat
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +34,11 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
-from opforge.build import BuildError, cache_root, cuda_archs, cuda_home, library_config, want_cuda
+from opforge.build import BuildError, cache_root, cuda_archs, cuda_home, library_config, toolchain, want_cuda
 from opforge.build import cache as build_cache
+from opforge.build.toolchain import STATIC_FIX, Problem, compare_cuda_versions, parse_nvcc_version
+from opforge.build.toolchain import first_line as _first_line
+from opforge.build.toolchain import run as _run
 from opforge.nvml import GpuInfo
 from opforge.nvml import query as _nvml_gpus
 
@@ -46,21 +47,7 @@ Severity = Literal["error", "warning"]
 #: Section titles, in the order they are rendered.
 SECTIONS = ("Python", "torch", "nvcc", "C++ compiler", "ninja", "GPUs", "Cache", "Op library", "Problems")
 
-# A template using std::ostringstream pulls in the iostream/locale machinery
-# whose second copy crashes the process (see jit._check_shared_libstdcxx).
-_PROBE_SOURCE = """#include <sstream>
-#include <string>
-std::string opforge_doctor_probe(int x) { std::ostringstream s; s << x; return s.str(); }
-"""
-_STATIC_FIX = "export CXX=g++ CC=gcc CUDAHOSTCXX=g++ (or use any C++ compiler that links libstdc++ dynamically)"
 _BUG_FIX = "report this as an opforge bug, with this output"
-
-
-@dataclass
-class Problem:
-    severity: Severity  # "error" blocks building; "warning" does not
-    message: str
-    fix: str
 
 
 @dataclass
@@ -95,7 +82,8 @@ class CompilerInfo:
     cxx: str = ""  # $CXX or "c++", as torch resolves it
     path: str | None = None
     version: str | None = None
-    libstdcxx: str = "unknown"  # "shared", "static", "libc++", "none", "skipped", "unknown" (see _probe_libstdcxx)
+    libstdcxx: str = "unknown"  # "shared", "static", "libc++", "none", "skipped", "unknown" (opforge.build.toolchain.Verdict)
+    builds_with: str | None = None  # the compiler builds fall back to when this one links libstdc++ statically
     note: str = ""
     env: dict[str, str | None] = field(default_factory=dict)
 
@@ -192,50 +180,9 @@ def _guarded(problems: list[Problem], section: str, probe: Callable[[list[Proble
         return fallback()
 
 
-def _run(argv: list[str], timeout: float = 10) -> subprocess.CompletedProcess[str] | None:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _first_line(text: str) -> str | None:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[0] if lines else None
-
-
 def _version_tuple(v: str) -> tuple[int, int] | None:
     m = re.match(r"^\s*(\d+)\.(\d+)", v)
     return (int(m[1]), int(m[2])) if m else None
-
-
-def parse_nvcc_version(output: str) -> str | None:
-    """``major.minor`` from ``nvcc --version`` ("Cuda compilation tools, release 13.0, V13.0.88")."""
-    m = re.search(r"release (\d+)\.(\d+)", output)
-    return f"{m[1]}.{m[2]}" if m else None
-
-
-def compare_cuda_versions(nvcc: str, torch_cuda: str, *, building_cuda: bool = True) -> Problem | None:
-    """A problem when nvcc's CUDA differs from torch's, else None.
-
-    A different major version cannot build against torch's CUDA headers and
-    runtime (blocking when CUDA kernels are built); a different minor version
-    usually works within one major version, so it only warns.
-    """
-    n, t = _version_tuple(nvcc), _version_tuple(torch_cuda)
-    if n is None or t is None or n == t:
-        return None
-    msg = f"nvcc is {nvcc} but torch was built with {torch_cuda}"
-    if n[0] != t[0]:
-        fix = f"point CUDA_HOME at a {t[0]}.x toolkit, or install a torch built for CUDA {n[0]}.x"
-        if building_cuda:
-            return Problem("error", msg, fix)
-        return Problem("warning", msg + " (CUDA kernels are not being built now, so it does not matter yet)", fix)
-    return Problem(
-        "warning",
-        msg + " (same major version: usually works)",
-        f"if the build or the kernels misbehave, point CUDA_HOME at a {torch_cuda} toolkit",
-    )
 
 
 def _fmt_bytes(n: int) -> str:
@@ -333,36 +280,6 @@ def _nvcc(problems: list[Problem], building_cuda: bool | None) -> NvccInfo:
     return info
 
 
-def _probe_libstdcxx(compiler: str, readelf: str) -> tuple[str, str]:
-    """(linkage, note): how ``compiler -shared`` links libstdc++ into a tiny library.
-
-    "shared" (NEEDED libstdc++), "static" (no NEEDED entry but libstdc++'s
-    ostringstream defined inside), "libc++", "none" (neither: a C compiler as
-    CXX), "unknown" (the compile failed: the note has its output) or "skipped".
-    """
-    with tempfile.TemporaryDirectory(prefix="opforge-doctor-") as tmp:
-        src, lib = Path(tmp) / "probe.cpp", Path(tmp) / "probe.so"
-        src.write_text(_PROBE_SOURCE)
-        res = _run([compiler, "-shared", "-fPIC", "-o", str(lib), str(src)], timeout=60)
-        if res is None or res.returncode != 0 or not lib.exists():
-            output = (res.stderr or res.stdout).strip() if res else "could not run it"
-            return "unknown", "\n".join(output.splitlines()[:8])
-        dyn = _run([readelf, "-d", str(lib)])
-        syms = _run([readelf, "--dyn-syms", "-W", str(lib)])
-        if dyn is None or dyn.returncode != 0 or syms is None or syms.returncode != 0:
-            return "skipped", "readelf failed on the probe library: the static-libstdc++ probe was skipped"
-    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn.stdout)
-    # A defined (not UND) ostringstream symbol: the library carries its own copy.
-    defined = any("basic_ostringstream" in ln and " UND " not in ln for ln in syms.stdout.splitlines())
-    if any(n.startswith("libstdc++") for n in needed):
-        return "shared", ""
-    if any(n.startswith("libc++") for n in needed):
-        return "libc++", "links LLVM's libc++, torch uses libstdc++"
-    if defined:
-        return "static", f"no NEEDED libstdc++ (NEEDED: {', '.join(needed) or 'nothing'}), its own copy of std::ostringstream inside"
-    return "none", "does not link libstdc++ at all"
-
-
 def _compiler(problems: list[Problem]) -> CompilerInfo:
     cxx = os.environ.get("CXX", "c++")
     info = CompilerInfo(cxx=cxx, env={v: os.environ.get(v) for v in ("CXX", "CC", "CUDAHOSTCXX")})
@@ -377,13 +294,11 @@ def _compiler(problems: list[Problem]) -> CompilerInfo:
         )
         info.libstdcxx, info.note = "skipped", "no compiler to probe"
         return info
-    res = _run([info.path, "--version"])
-    info.version = _first_line(res.stdout) if res and res.returncode == 0 else None
-    readelf = shutil.which("readelf")
-    if readelf is None:
-        info.libstdcxx, info.note = "skipped", "readelf not found (binutils): the static-libstdc++ probe was skipped"
+    # Probed now, never from the cache: the doctor writes nothing, and a bug report wants what is true today.
+    v = toolchain.verdict(cxx, cache=False)
+    info.version, info.libstdcxx, info.note = v.version, v.libstdcxx, v.note
+    if info.libstdcxx == "skipped":
         return info
-    info.libstdcxx, info.note = _probe_libstdcxx(info.path, readelf)
     if info.libstdcxx == "unknown":
         problems.append(
             Problem(
@@ -394,14 +309,29 @@ def _compiler(problems: list[Problem]) -> CompilerInfo:
         )
     elif info.libstdcxx == "static":
         who = f"'{cxx}'" + (f" ({info.path})" if info.path != cxx else "")
-        problems.append(
-            Problem(
-                "error",
-                f"the C++ compiler {who} links libstdc++ statically into shared libraries; torch loads the shared "
-                "libstdc++, and two copies in one process crash on the op library's first error message (the build refuses it)",
-                _STATIC_FIX,
+        try:
+            info.builds_with = toolchain.choose(cxx, cache=False).use
+        except BuildError:
+            info.builds_with = None
+        if info.builds_with is not None:
+            problems.append(
+                Problem(
+                    "warning",
+                    f"the C++ compiler {who} links libstdc++ statically into shared libraries, which breaks torch's "
+                    f"exceptions; builds use {info.builds_with} instead, which links it dynamically",
+                    STATIC_FIX,
+                )
             )
-        )
+        else:
+            problems.append(
+                Problem(
+                    "error",
+                    f"the C++ compiler {who} links libstdc++ statically into shared libraries; torch loads the shared "
+                    "libstdc++, and two copies in one process crash on the op library's first error message "
+                    f"(the build refuses it, and found no compiler to use instead among {', '.join(toolchain.fallbacks()) or 'none'})",
+                    STATIC_FIX,
+                )
+            )
     elif info.libstdcxx == "none":
         problems.append(
             Problem(
@@ -739,6 +669,7 @@ def _rows(report: DoctorReport) -> dict[str, list[tuple[str, str]]]:
             ("compiler", f"{cx.cxx} -> {cx.path or 'not found'}"),
             ("version", cx.version or "-"),
             ("libstdc++", cx.libstdcxx + (f" ({cx.note})" if cx.note else "")),
+            *([("builds with", f"{cx.builds_with} (links libstdc++ dynamically)")] if cx.builds_with else []),
             ("env", ", ".join(f"{k}={v}" for k, v in cx.env.items() if v is not None) or "CXX, CC, CUDAHOSTCXX not set"),
         ],
         "ninja": [("ninja", f"{nj.path} ({nj.source})" if nj.path else "not found"), ("version", nj.version or "-")],

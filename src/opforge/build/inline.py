@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from opforge.build import _gencode_flags, cuda_archs, op_sources, want_cuda
+from opforge.build import cuda_archs, gencode_flags, op_sources, want_cuda
 from opforge.build.errors import BuildError
 from opforge.build.jit import BuildConfig, Library, cache_root, load_library, load_module
 
@@ -149,7 +149,7 @@ def inline_config(
     archs: tuple[str, ...] = ()
     if cuda_on:
         archs = cuda_archs()
-        cuda_cflags = ["-O3", *_gencode_flags(archs), *extra_cuda_cflags]
+        cuda_cflags = ["-O3", *gencode_flags(archs), *extra_cuda_cflags]
     return BuildConfig(
         name=name,
         sources=tuple(directory / f for f in files),
@@ -226,7 +226,7 @@ def pybind_folder_config(
     if cuda_on:
         archs = cuda_archs()
         cflags.append("-DOPFORGE_WITH_CUDA")
-        cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA", *_gencode_flags(archs), *extra_cuda_cflags]
+        cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs), *extra_cuda_cflags]
     return BuildConfig(
         name=name,
         sources=tuple(sources),

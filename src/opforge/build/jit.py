@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -34,21 +32,17 @@ from pathlib import Path
 
 import torch
 
+from opforge.build import toolchain
 from opforge.build.errors import BuildError, explain_build_failure
+from opforge.build.pch import precompiled_header
+from opforge.build.store import cache_root, exclusive
+from opforge.build.torch_flags import torch_cxx_flags
 
 # Bumped when the layout of a cache entry or the build recipe changes.
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"
 _MARKER = "COMPLETE.json"
 _HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 _CUDA_SUFFIXES = (".cu",)
-
-
-def cache_root() -> Path:
-    """The per-user build cache (``OPFORGE_CACHE_DIR`` or ``~/.cache/opforge``)."""
-    env = os.environ.get("OPFORGE_CACHE_DIR")
-    root = Path(env) if env else Path.home() / ".cache" / "opforge"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return root
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +60,9 @@ class BuildConfig:
     # A pybind11 extension module (PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)) to
     # import, rather than a TORCH_LIBRARY library to load into torch.ops.
     python_module: bool = False
+    # Headers every .cpp source is compiled with precompiled (opforge.build.pch),
+    # as include spellings: "<torch/extension.h>", '"opforge/torch_pch.h"'.
+    pch_headers: tuple[str, ...] = ()
 
     def key(self) -> str:
         """The cache key: everything that determines the built library."""
@@ -98,6 +95,7 @@ class BuildConfig:
         # The compilers torch will use: another compiler is another library.
         put(*(f"{v}={os.environ.get(v, '')}" for v in ("CXX", "CC", "CUDAHOSTCXX", "CUDA_HOME")))
         put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs, "|", self.python_module)
+        put(*self.pch_headers)
         if not contents:
             put(*sorted(str(s) for s in self.sources), "|", *sorted(str(d) for d in self.include_dirs))
             return h.hexdigest()
@@ -143,7 +141,7 @@ def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
     if not _is_complete(entry, so):
         objects = root / f"{cfg.name}-{cfg.objects_key()[:16]}.objects"
         # One lock per object directory: it serialises every build that writes there.
-        with _exclusive(root / f"{objects.name}.lock", quiet=quiet):
+        with exclusive(root / f"{objects.name}.lock", quiet=quiet):
             # Another process may have finished it while we waited.
             if not _is_complete(entry, so):
                 seconds = _build(cfg, objects, so.stem, quiet=quiet)
@@ -239,30 +237,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path, *, quiet: bool) -> Iterator[None]:
-    """A kernel flock: released by the OS when the holder exits or is killed."""
-    with open(lock_path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            if not quiet:
-                print(f"opforge: waiting for {holder} to finish building ({lock_path})", file=sys.stderr, flush=True)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fh.seek(0)
-            fh.truncate()
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> float:
     """Runs torch's ninja build in the object directory (we hold its lock);
     returns the seconds it took. Failed and killed builds leave objects that
@@ -271,7 +245,12 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
     out of date."""
     from torch.utils import cpp_extension
 
+    start = time.perf_counter()
     _check_toolchain(cfg)
+    tc = toolchain.resolve(with_cuda=cfg.with_cuda)
+    if not quiet:
+        for line in tc.notes():
+            print(line, file=sys.stderr, flush=True)
     objects.mkdir(mode=0o700, parents=True, exist_ok=True)
     # torch's own lock file: a killed build leaves it, and torch would wait
     # on it forever. Our flock says no one else is in this directory.
@@ -285,31 +264,43 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
     if versioner is not None and hasattr(versioner, "entries"):
         versioner.entries.pop(so_name, None)
 
-    start = time.perf_counter()
     progress = _Progress(objects, cfg.name, len(cfg.sources), quiet=quiet)
-    progress.start()
-    try:
-        cpp_extension.load(
-            name=so_name,
-            sources=[str(s) for s in cfg.sources],
-            extra_cflags=list(cfg.cflags),
-            extra_cuda_cflags=list(cfg.cuda_cflags),
-            extra_ldflags=list(cfg.ldflags),
-            extra_include_paths=[str(d) for d in cfg.include_dirs],
-            build_directory=str(objects),
-            with_cuda=cfg.with_cuda,
-            is_python_module=False,
-            verbose=False,
-        )
-    except RuntimeError as exc:
-        progress.stop(ok=False)
-        log = objects / "build.log"
-        log.write_text(str(exc))
-        raise explain_build_failure(cfg.name, str(exc), log) from None
+    with toolchain.applied(tc), _precompiled(cfg, tc.cxx.use, quiet=quiet) as pch_flags:
+        progress.start()
+        try:
+            cpp_extension.load(
+                name=so_name,
+                sources=[str(s) for s in cfg.sources],
+                extra_cflags=[*cfg.cflags, *pch_flags],
+                extra_cuda_cflags=list(cfg.cuda_cflags),
+                extra_ldflags=list(cfg.ldflags),
+                extra_include_paths=[str(d) for d in cfg.include_dirs],
+                build_directory=str(objects),
+                with_cuda=cfg.with_cuda,
+                is_python_module=False,
+                verbose=False,
+            )
+        except RuntimeError as exc:
+            progress.stop(ok=False)
+            log = objects / "build.log"
+            log.write_text(str(exc))
+            raise explain_build_failure(cfg.name, str(exc), log) from None
     seconds = time.perf_counter() - start
     progress.stop(ok=True, seconds=seconds)
-    _check_shared_libstdcxx(objects / f"{so_name}.so")
+    _check_shared_libstdcxx(objects / f"{so_name}.so", tc.cxx.use)
     return seconds
+
+
+@contextlib.contextmanager
+def _precompiled(cfg: BuildConfig, compiler: str, *, quiet: bool) -> Iterator[list[str]]:
+    """The flags that make every .cpp source load ``cfg.pch_headers``
+    precompiled (none without them), the header kept in the cache meanwhile."""
+    if not cfg.pch_headers or os.environ.get("OPFORGE_PCH", "1") == "0":
+        yield []
+        return
+    includes = [f"-I{d}" for d in cfg.include_dirs]
+    with precompiled_header(cfg.pch_headers, [*includes, *torch_cxx_flags(), *cfg.cflags], compiler=compiler, quiet=quiet) as pch:
+        yield pch.flags() if pch is not None else []
 
 
 def _publish(built: Path, entry: Path, seconds: float, n_sources: int) -> None:
@@ -338,7 +329,7 @@ def _check_toolchain(cfg: BuildConfig) -> None:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
             raise BuildError("opforge: ninja is not installed; `pip install ninja` (or your system's package)") from None
-    cxx = os.environ.get("CXX", "c++")
+    cxx = toolchain.configured_cxx()
     if shutil.which(cxx) is None:
         raise BuildError(f"opforge: no C++ compiler: '{cxx}' is not on PATH (set CXX or install g++)")
     if cfg.with_cuda:
@@ -347,45 +338,15 @@ def _check_toolchain(cfg: BuildConfig) -> None:
         nvcc = Path(CUDA_HOME or "") / "bin" / "nvcc"
         if not CUDA_HOME or not nvcc.exists():
             raise BuildError(f"opforge: CUDA kernels were asked for but nvcc was not found (CUDA_HOME={CUDA_HOME}; set CUDA_HOME)")
-        _check_nvcc_matches_torch(nvcc)
+        toolchain.check_nvcc(nvcc, torch.version.cuda)
 
 
-def _check_nvcc_matches_torch(nvcc: Path) -> None:
-    """nvcc of another CUDA major version than torch's fails deep in torch's
-    headers or at load time: say so before compiling (a minor mismatch only warns)."""
-    from opforge.doctor import compare_cuda_versions, parse_nvcc_version
-
-    try:
-        res = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BuildError(f"opforge: {nvcc} does not run ({exc}); set CUDA_HOME to a working CUDA toolkit") from None
-    version = parse_nvcc_version(res.stdout)
-    problem = compare_cuda_versions(version, torch.version.cuda) if version and torch.version.cuda else None
-    if problem is None:
-        return
-    if problem.severity == "error":
-        raise BuildError(f"opforge: {problem.message} ({nvcc}). Fix: {problem.fix}")
-    print(f"opforge: warning: {problem.message}", file=sys.stderr, flush=True)
-
-
-def _check_shared_libstdcxx(so: Path) -> None:
-    """Refuses a library that carries its own copy of libstdc++.
-
-    Some toolchains (devtoolset-style GCCs, such as a CXX=/opt/gcc/bin/g++ seen
-    on a GPU image) link parts of libstdc++ statically. Torch and the op then
-    hold two copies of the iostream and locale machinery, and the first error
-    message that prints a number segfaults. Caught here, not at that first error.
-    """
-    readelf = shutil.which("readelf")
-    if readelf is None:
-        return
-    try:
-        dynamic = subprocess.run([readelf, "-d", str(so)], capture_output=True, text=True, timeout=30).stdout
-        symbols = subprocess.run([readelf, "--dyn-syms", "-W", str(so)], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return
-    if "libstdc++" not in dynamic and "St7num_putIcSt19ostreambuf_iteratorIcSt11char_traitsIcEEE2idE" in symbols:
-        compiler = os.environ.get("CXX", "c++")
+def _check_shared_libstdcxx(so: Path, compiler: str) -> None:
+    """Refuses a library that carries its own copy of libstdc++, should a
+    compiler slip past the toolchain's probe (opforge.build.toolchain): torch
+    and the op would hold two copies of the iostream and locale machinery, and
+    the first error message that prints a number segfaults."""
+    if toolchain.links_libstdcxx_statically(so):
         shutil.rmtree(so.parent, ignore_errors=True)
         raise BuildError(
             f"opforge: the C++ compiler '{compiler}' linked libstdc++ statically into {so.name}. "

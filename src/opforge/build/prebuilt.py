@@ -127,7 +127,7 @@ def _gpu_capabilities() -> set[str]:
 def _covered(capability: str, built: tuple[str, ...]) -> bool:
     """A GPU runs a library with its exact arch ("9.0a" SASS runs on a 9.0
     GPU), or JIT-compiles the PTX embedded for the newest arch, which is
-    portable PTX without the "a" (``opforge.build._gencode_flags``: a 9.0a
+    portable PTX without the "a" (``opforge.build.gencode_flags``: a 9.0a
     build carries compute_90 PTX)."""
     from opforge.build import _arch_number
 

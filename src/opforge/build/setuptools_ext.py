@@ -90,7 +90,7 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
 
     from opforge.build import folder_config
     from opforge.build.errors import explain_build_failure
-    from opforge.build.jit import _exclusive, cache_root
+    from opforge.build.store import cache_root, exclusive
 
     cfg = folder_config(folder)
     out = cache_root() / f"setuptools-{cfg.name}-{cfg.key()[:16]}"
@@ -101,7 +101,7 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
         found = sorted(out.glob(f"{cfg.name}.*.so"))
         return found[0] if found and marker.is_file() else None
 
-    with _exclusive(cache_root() / f"{out.name}.lock", quiet=quiet):
+    with exclusive(cache_root() / f"{out.name}.lock", quiet=quiet):
         so = built()
         if so is not None:
             return so
