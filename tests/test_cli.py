@@ -16,9 +16,10 @@ SRC = str(Path(opforge.__file__).resolve().parent.parent)
 
 
 def opforge_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "opforge", *args], env={**os.environ, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=900
-    )
+    # The tables at the width of a log, not at the COLUMNS of the test runner's environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    cmd = [sys.executable, "-m", "opforge", *args]
+    return subprocess.run(cmd, env={**env, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=900)
 
 
 def test_check_passes_and_prints_the_table():
@@ -48,7 +49,8 @@ def test_check_cuda_without_a_gpu_says_why():
 
 def test_bench_writes_json_csv_and_compares(tmp_path):
     path = tmp_path / "bench.json"
-    args = ("bench", "square", "--device", "cpu", "--dtype", "float32", "--budget", "0.02", "--seed", "3", "--no-compile")
+    sizes = "2^16,2^20,2^22"
+    args = ("bench", "square", "--device", "cpu", "--dtype", "float32", "--budget", "0.02", "--seed", "3", "--no-compile", "--case", sizes)
     res = opforge_cli(*args, "--json", str(path), "--csv", str(tmp_path / "bench.csv"))
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(path.read_text())
@@ -84,9 +86,16 @@ def test_bench_case_picks_cases_and_names_the_known_ones(tmp_path):
 
 
 def test_check_seeds_and_report():
+    import torch
+
+    from opforge.spec import get_specs
+
+    (spec,) = get_specs(["square"])
+    gen = torch.Generator().manual_seed(0)
+    samples = sum(len(list(spec.samples(torch.device("cpu"), d, gen))) for d in spec.dtypes)
     res = opforge_cli("check", "square", "--device", "cpu", "--seed", "1", "--checks", "reference", "--seeds", "2", "--report")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "pass (104)" in res.stdout and "per case" in res.stdout and "float16 [offset 1, 1025]" in res.stdout
+    assert f"pass ({2 * samples})" in res.stdout and "per case" in res.stdout and "float16 [offset 1, 1025]" in res.stdout
     assert res.stdout.strip().endswith("1 passed, 0 failed")
     res = opforge_cli("check", "square", "--seeds", "0")
     assert res.returncode != 0 and "--seeds must be at least 1, got 0" in res.stderr
@@ -111,7 +120,8 @@ TORCH_LIBRARY_IMPL(NS, CPU, m) { m.impl("cube", &cube); }
 """
 
 
-@pytest.mark.parametrize("route", ["jit", "inline", "setuptools"])
+# jit is the route every other build test takes too: the other two are slow (two builds each, setuptools' the slowest).
+@pytest.mark.parametrize("route", ["jit", *(pytest.param(r, marks=pytest.mark.slow) for r in ("inline", "setuptools"))])
 def test_build_a_user_folder_by_a_torch_library_route(tmp_path, route):
     folder = tmp_path / "cube_op"
     folder.mkdir()
@@ -233,6 +243,7 @@ def test_run_fails_when_a_check_fails(monkeypatch, capsys):
         return results
 
     monkeypatch.setattr(check, "check_op", failing)
+    monkeypatch.setattr(cli.out, "width", 200)
     code = cli.main(["run", "square", "--device", "cpu", "--seed", "1", "--budget", "0.01", "--no-compile"])
     out = capsys.readouterr()
     assert code == 1

@@ -338,6 +338,7 @@ def test_hard_coded_module_name_is_refused_before_compiling(tmp_path, cache):
         pybind_folder_config(folder)
 
 
+@pytest.mark.slow  # a torch/extension.h (pybind11) module, compiled up to its error
 def test_compile_error_names_the_generated_file_and_the_line_of_the_string(cache):
     broken = "int ok() { return 1; }\nint broken() {\n  return undeclared_name;\n}\n"
     with pytest.raises(BuildError) as info:

@@ -306,6 +306,7 @@ def test_cuda_runs_on_the_current_stream():
         assert torch.equal(g, w)
 
 
+@pytest.mark.xdist_group("gpu-memory")  # 8-17 GB at once: one such test at a time under pytest-xdist
 @pytest.mark.cuda
 def test_cuda_gates_past_two_to_the_31_elements():
     # gates is [B, 3S]: row b's candidate block starts at b * 3S + 2S, past

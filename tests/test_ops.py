@@ -165,6 +165,7 @@ def test_cuda_kernel_runs_on_current_stream_and_device():
         torch.testing.assert_close(opforge.sigmoid(x1), torch.sigmoid(x1))
 
 
+@pytest.mark.xdist_group("gpu-memory")  # 8-17 GB at once: one such test at a time under pytest-xdist
 @pytest.mark.cuda
 def test_cuda_past_two_to_the_31_bytes_of_indexing():
     # 2^31 + 5 half elements: any 32-bit index in the kernel wraps and misses the tail.

@@ -384,6 +384,7 @@ def test_runner_calls_the_op_once_profiled():
     assert profile.run_case("add", "no such case", "float32") == 1
 
 
+@pytest.mark.xdist_group("gpu-tools")  # Nsight Compute and compute-sanitizer runs, one at a time under pytest-xdist
 @pytest.mark.cuda
 def test_profile_add_end_to_end(capsys, tmp_path, monkeypatch):
     _need("ncu")
@@ -398,6 +399,7 @@ def test_profile_add_end_to_end(capsys, tmp_path, monkeypatch):
     assert report.suffix == ".ncu-rep" and "2_26" in report.name and str(report) in text.replace("\n", "")
 
 
+@pytest.mark.xdist_group("gpu-tools")  # Nsight Compute and compute-sanitizer runs, one at a time under pytest-xdist
 @pytest.mark.cuda
 def test_profile_unknown_case(capsys):
     _need("ncu")
@@ -405,6 +407,7 @@ def test_profile_unknown_case(capsys):
     assert "no case '2^30'; available: 2^16, 2^20, 2^24, 2^26" in capsys.readouterr().err
 
 
+@pytest.mark.xdist_group("gpu-tools")  # Nsight Compute and compute-sanitizer runs, one at a time under pytest-xdist
 @pytest.mark.cuda
 def test_sanitize_add_end_to_end(capsys):
     _need("compute-sanitizer")
