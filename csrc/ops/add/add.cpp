@@ -20,7 +20,9 @@ struct AddOp {
     y[0] = x[0] + x[1];
   }
 #ifdef OPFORGE_X86_AVX2
-  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const { y[0] = _mm256_add_ps(x[0], x[1]); }
+  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
+    y[0] = _mm256_add_ps(x[0], x[1]);
+  }
 #endif
 };
 
@@ -35,8 +37,9 @@ void add_into(const char* op, const at::Tensor& out, const at::Tensor& a, const 
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::add", [&] {
-          cpu::for_each_element<scalar_t>(AddOp{}, n, {a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>()},
-                                          {out.data_ptr<scalar_t>()});
+          cpu::for_each_element<scalar_t>(
+              AddOp{}, n, {a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>()},
+              {out.data_ptr<scalar_t>()});
         });
       });
 }

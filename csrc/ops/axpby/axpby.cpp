@@ -67,9 +67,10 @@ at::Tensor axpby(const at::Tensor& x, const at::Tensor& y, double alpha, double 
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::axpby", [&] {
           using A = at::opmath_type<scalar_t>;
-          cpu::for_each_element<scalar_t>(AxpbyOp<A>{static_cast<A>(alpha), static_cast<A>(beta)}, n,
-                                          {xd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
-                                          {out.data_ptr<scalar_t>()});
+          const AxpbyOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
+          cpu::for_each_element<scalar_t>(
+              f, n, {xd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
+              {out.data_ptr<scalar_t>()});
         });
       });
   return out;
@@ -92,9 +93,10 @@ std::tuple<at::Tensor, at::Tensor> axpby_backward(const at::Tensor& grad, double
       [&] {
         OPFORGE_DISPATCH_FLOATING(gd.scalar_type(), "opforge::axpby_backward", [&] {
           using A = at::opmath_type<scalar_t>;
-          cpu::for_each_element<scalar_t>(AxpbyBackwardOp<A>{static_cast<A>(alpha), static_cast<A>(beta)}, n,
-                                          {gd.const_data_ptr<scalar_t>()},
-                                          {grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>()});
+          const AxpbyBackwardOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
+          cpu::for_each_element<scalar_t>(
+              f, n, {gd.const_data_ptr<scalar_t>()},
+              {grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>()});
         });
       });
   return {grad_x, grad_y};

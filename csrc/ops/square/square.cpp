@@ -19,7 +19,9 @@ struct SquareOp {
     y[0] = x[0] * x[0];
   }
 #ifdef OPFORGE_X86_AVX2
-  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const { y[0] = _mm256_mul_ps(x[0], x[0]); }
+  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
+    y[0] = _mm256_mul_ps(x[0], x[0]);
+  }
 #endif
 };
 
