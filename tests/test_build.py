@@ -134,6 +134,7 @@ def test_static_libstdcxx_is_refused(tmp_path, cache, monkeypatch):
     wrapper.write_text('#!/bin/sh\nexec /usr/bin/g++ -static-libstdc++ "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("CXX", str(wrapper))
+    monkeypatch.setenv("OPFORGE_CXX_FALLBACKS", "")  # no compiler to fall back on: the refusal itself
     body = "#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n"
     cfg = _tiny(tmp_path, "opforge_tiny_static", body=body)
     with pytest.raises(BuildError, match="linked libstdc\\+\\+ statically"):

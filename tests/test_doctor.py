@@ -121,6 +121,7 @@ def test_static_libstdcxx_compiler_is_caught(tmp_path, monkeypatch):
     wrapper.write_text('#!/bin/sh\nexec /usr/bin/g++ -static-libstdc++ "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("CXX", str(wrapper))
+    monkeypatch.setenv("OPFORGE_CXX_FALLBACKS", "")  # no compiler to fall back on: the refusal itself
     report = collect()
     assert report.compiler.libstdcxx == "static"
     [problem] = [p for p in report.problems if p.severity == "error"]
