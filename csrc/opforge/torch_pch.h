@@ -17,11 +17,15 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-// opforge/elementwise.h's
+// opforge/elementwise.h's and cpu_vec.h's
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/util/DimVector.h>
 #include <c10/util/strides.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 // the ops' own
 #include <ATen/ops/addmm.h>
