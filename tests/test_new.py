@@ -32,7 +32,9 @@ def env(tmp_path_factory) -> dict[str, str]:
     # console script sets OPFORGE_NO_AUTOLOAD: commands load what they need).
     # It holds this run's op library already: what the tests build is the package.
     cache = cache_with_library(tmp_path_factory.mktemp("cache"))
-    return {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache), "OPFORGE_NO_AUTOLOAD": "1"}
+    # The tables at the width of a log, not at the COLUMNS of the test runner's environment.
+    base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return {**base, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache), "OPFORGE_NO_AUTOLOAD": "1"}
 
 
 def run(env: dict[str, str], *args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
