@@ -9,10 +9,22 @@ PY=${PYTHON:-python3}
 TORCH_SPEC=${OPFORGE_TORCH:-torch==2.13.0}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv --system-site-packages .venv
+  # A python3 that is itself a virtualenv's (a GPU image's /opt/.../.venv with
+  # its CUDA torch): --system-site-packages reaches only the base interpreter's
+  # packages, so a .pth file adds that virtualenv's own, behind .venv's.
+  outer=$("$PY" -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")')
+  if [ -n "$outer" ]; then
+    echo "$outer" > "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_opforge_outer_venv.pth"
+  fi
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 if ! python -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 5))' 2>/dev/null; then
   echo "installing $TORCH_SPEC (CPU build where no CUDA is wanted)" >&2
   python -m pip install -q "$TORCH_SPEC"
 fi
-python -m pip install -q -e ".[test]"
+if ! python -m pip install -q -e ".[test]"; then
+  # A machine with no package index (PIP_NO_INDEX=1 says so at once) but the
+  # dependencies already installed, as a GPU image: the project alone.
+  echo "opforge: installing the project without its test extras (no package index reached)" >&2
+  python -m pip install -q --no-deps --no-build-isolation -e .
+fi
