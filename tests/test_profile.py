@@ -275,8 +275,8 @@ def test_case_selection_picks_the_largest_by_default():
     (spec,) = get_specs(["add"])
     cpu = torch.device("cpu")
     cases = case_infos(spec.bench_cases(cpu, torch.float32, torch.Generator().manual_seed(0)))
-    assert [c.desc for c in cases] == ["2^16", "2^20", "2^22"]
-    assert select_case(cases, None) == CaseInfo("2^22", 2 * 2**22)
+    assert [c.desc for c in cases] == ["2^16", "2^20", "2^22", "transposed 1024x1024", "channels_last 16x64x32x32"]
+    assert select_case(cases, None) == CaseInfo("2^22", 2 * 2**22)  # the largest; the layout cases hold 2^20 elements
     assert select_case(cases, "2^20").desc == "2^20"
     # By size, not by order.
     t = torch.empty

@@ -530,7 +530,18 @@ def cmd_new(args: argparse.Namespace) -> int:
     from opforge.project import ProjectError, scaffold
 
     try:
-        root = scaffold(args.name, args.dir, args.namespace, cuda=not args.no_cuda, backward=args.backward)
+        if args.torch_min is not None and not args.stable_abi:
+            print("opforge new: --torch-min goes with --stable-abi", file=sys.stderr)
+            return 2
+        root = scaffold(
+            args.name,
+            args.dir,
+            args.namespace,
+            cuda=not args.no_cuda,
+            backward=args.backward,
+            stable_abi=args.stable_abi,
+            torch_min=args.torch_min or "2.10",
+        )
     except ProjectError as exc:
         raise SystemExit(f"opforge new: {exc}") from None
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
@@ -620,6 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp.add_argument("--namespace", default=None, help="its torch.ops namespace (default: NAME)")
     sp.add_argument("--no-cuda", action="store_true", help="a CPU kernel only, no CUDA kernel")
     sp.add_argument("--backward", action="store_true", help="with an autograd formula (backward), checked by gradcheck")
+    sp.add_argument(
+        "--stable-abi", action="store_true", help="C++ on PyTorch's stable ABI: one build loads in every torch from --torch-min on"
+    )
+    sp.add_argument("--torch-min", default=None, metavar="X.Y", help="with --stable-abi: the oldest torch to target (default 2.10)")
     sp.set_defaults(fn=cmd_new)
     sp = sub.add_parser("list", help="list the operators and their schemas")
     sp.set_defaults(fn=cmd_list)
@@ -678,8 +693,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only entries not used for this many days")
     sp.set_defaults(fn=cmd_cache_clean)
 
-    from opforge import doctor, profile
+    from opforge import abi, doctor, profile
 
+    abi.register_cli(sub)
     doctor.register_cli(sub)
     profile.register_cli(sub)
     args = p.parse_args(argv)
