@@ -32,7 +32,9 @@ pytestmark = pytest.mark.xdist_group("new_stable")
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
     cache = tmp_path_factory.mktemp("cache")
-    return {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache), "OPFORGE_NO_AUTOLOAD": "1"}
+    # The tables at the width of a log, not at the COLUMNS of the test runner's environment.
+    base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return {**base, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache), "OPFORGE_NO_AUTOLOAD": "1"}
 
 
 def run(env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
