@@ -51,7 +51,14 @@ def build(build_dir: Path, device: str) -> Path:
     neither the source tree nor the environment changes."""
     lib = build_dir / "lib"
     cmd = [sys.executable, "setup.py", "build_ext", "--build-lib", str(lib), "--build-temp", str(build_dir / "tmp")]
-    env = dict(os.environ)
+    # The compilers opforge's own builds would use: a CXX that links libstdc++
+    # statically (some GPU images' devtoolset g++) gives a module that crashes.
+    from opforge.build import toolchain
+
+    tc = toolchain.resolve(with_cuda=device != "cpu")
+    for note in tc.notes():
+        print(note)
+    env = {**os.environ, **(toolchain.overrides(tc) if tc.notes() else {})}
     if device == "cpu":
         env["OPFORGE_EXAMPLE_CPU"] = "1"  # the CPU loop alone: no nvcc needed
     print(f"$ (cd {HERE.relative_to(HERE.parents[1])} && {' '.join(cmd[1:4])} ...)   # the seed: python setup.py develop")

@@ -191,13 +191,23 @@ def _build_cmake(folder: Path) -> int:
     import torch
 
     from opforge import load_library
-    from opforge.build import cache_root
+    from opforge.build import cache_root, toolchain
 
     if not (folder / "CMakeLists.txt").is_file():
         raise SystemExit(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     if shutil.which("cmake") is None:
         raise SystemExit("opforge build: cmake is not on PATH (apt-get install cmake, or pip install cmake)")
     build = cache_root() / f"cmake-{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:16]}"
+    # A compiler that links libstdc++ statically is replaced as on the JIT route.
+    # CUDA sources may live outside the folder (add_library over ../csrc): a CUDA torch means nvcc may run.
+    tc = toolchain.resolve(with_cuda=torch.version.cuda is not None)
+    compilers = []
+    for note in tc.notes():
+        err.print(note, highlight=False)
+    if tc.cxx.fell_back:
+        compilers.append(f"-DCMAKE_CXX_COMPILER={tc.cxx.use}")
+    if tc.cuda_host is not None and tc.cuda_host.fell_back:
+        compilers.append(f"-DCMAKE_CUDA_HOST_COMPILER={tc.cuda_host.use}")
     for cmd in (
         [
             "cmake",
@@ -212,6 +222,7 @@ def _build_cmake(folder: Path) -> int:
             # run from inside a second venv).
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DPython3_EXECUTABLE={sys.executable}",
+            *compilers,
         ],
         ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
     ):

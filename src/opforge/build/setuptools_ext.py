@@ -62,7 +62,23 @@ def build_record(cfg: BuildConfig) -> dict[str, Any]:
 
 class BuildExtension(_TorchBuildExtension):
     """torch's BuildExtension (ninja, MAX_JOBS), plus the build record, and
-    progress lines: a CUDA build takes minutes and pip shows nothing otherwise."""
+    progress lines: a CUDA build takes minutes and pip shows nothing otherwise.
+    A compiler that links libstdc++ statically is replaced as on the JIT route."""
+
+    def run(self) -> None:
+        from opforge.build import toolchain
+
+        with_cuda = any(str(s).endswith(".cu") for e in self.extensions for s in e.sources)
+        tc = toolchain.resolve(with_cuda=with_cuda)
+        notes = tc.notes()
+        if not notes:  # the environment's compilers, untouched
+            super().run()
+            return
+        for note in notes:
+            print(note, file=sys.stderr, flush=True)
+        # setuptools reads CXX (and CC) when it makes its compiler, in run().
+        with toolchain.applied(tc):
+            super().run()
 
     def build_extension(self, ext: Extension) -> None:
         cfg: BuildConfig | None = getattr(ext, "_opforge_config", None)

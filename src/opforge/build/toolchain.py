@@ -293,15 +293,22 @@ def resolve(*, with_cuda: bool) -> Toolchain:
     return Toolchain(choose(configured_cxx()), host)
 
 
+def overrides(tc: Toolchain) -> dict[str, str]:
+    """The variables a build's environment takes for ``tc``: ``CXX``, and
+    ``CC`` for nvcc's host compiler; also for a build run in a subprocess."""
+    wanted = {"CXX": tc.cxx.use}
+    if tc.cuda_host is not None and (tc.cuda_host.fell_back or os.environ.get("CUDAHOSTCXX")):
+        wanted["CC"] = tc.cuda_host.use
+    return wanted
+
+
 @contextlib.contextmanager
 def applied(tc: Toolchain) -> Iterator[None]:
     """The environment torch's builder reads while the build runs: ``CXX``,
     and ``CC`` for nvcc's host compiler (torch passes it as ``-ccbin``; a
     second ``-ccbin`` of ours would be an nvcc error). Restored afterwards:
     the process's own environment is the user's."""
-    wanted = {"CXX": tc.cxx.use}
-    if tc.cuda_host is not None and (tc.cuda_host.fell_back or os.environ.get("CUDAHOSTCXX")):
-        wanted["CC"] = tc.cuda_host.use
+    wanted = overrides(tc)
     before = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:
