@@ -57,6 +57,14 @@ def pytest_configure(config) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    # Modules with long tests (slow, or a group bound to one worker) first,
+    # each module kept whole (its module-scoped setup runs once): under
+    # pytest-xdist they start at once rather than trailing the short tests.
+    def long(item) -> bool:
+        return any(m.name in ("slow", "xdist_group") for m in item.iter_markers())
+
+    long_modules = {item.module for item in items if long(item)}
+    items.sort(key=lambda item: item.module not in long_modules)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason=_NO_CUDA_REASON)

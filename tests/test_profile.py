@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from rich.console import Console
 
 from opforge import profile
 from opforge.profile import (
@@ -389,6 +390,8 @@ def test_runner_calls_the_op_once_profiled():
 def test_profile_add_end_to_end(capsys, tmp_path, monkeypatch):
     _need("ncu")
     monkeypatch.chdir(tmp_path)
+    # As wide as a terminal would be: the runner's log may say 80 columns, which folds the names.
+    monkeypatch.setattr(profile, "out", Console(width=220))
     assert profile_op("add", "2^20", "float32", False) == 0
     text = capsys.readouterr().out
     assert "elementwise_kernel" in text and "AddOp" in text and "duration us" in text and " x 256" in text

@@ -443,7 +443,8 @@ def kernel_table(kernels: Sequence[KernelProfile], title: str) -> Table:
         ("smem B/block", "right"),
         ("grid x block", "right"),
     ]:
-        table.add_column(col, justify=just)
+        # A kernel's name is what the reader searches for: folded onto more lines, never cut short.
+        table.add_column(col, justify=just, overflow="fold" if col == "kernel" else "ellipsis")
     for k in kernels:
         table.add_row(
             short_kernel_name(k.name),

@@ -68,7 +68,7 @@ void add_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
       a, b);
 }
 
-void register_kernels(torch::Library& m) {
+void register_add_kernels(torch::Library& m) {
   m.impl("add", &add);
   m.impl("add_out", &add_out);
 }
@@ -81,4 +81,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def("add_out(Tensor a, Tensor b, Tensor(a!) out) -> ()");
 }
 
-OPFORGE_REGISTER_KERNELS(opforge, opforge::register_kernels)
+OPFORGE_REGISTER_KERNELS(opforge, opforge::register_add_kernels)

@@ -102,7 +102,7 @@ std::tuple<at::Tensor, at::Tensor> axpby_backward(const at::Tensor& grad, double
   return {grad_x, grad_y};
 }
 
-void register_kernels(torch::Library& m) {
+void register_axpby_kernels(torch::Library& m) {
   m.impl("axpby", &axpby);
   m.impl("axpby_backward", &axpby_backward);
 }
@@ -115,4 +115,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def("axpby_backward(Tensor grad, float alpha, float beta) -> (Tensor, Tensor)");
 }
 
-OPFORGE_REGISTER_KERNELS(opforge, opforge::register_kernels)
+OPFORGE_REGISTER_KERNELS(opforge, opforge::register_axpby_kernels)

@@ -48,7 +48,7 @@
 namespace opforge {
 namespace {
 
-constexpr const char* kOp = "opforge::gemm";
+constexpr const char* kGemm = "opforge::gemm";
 
 // M, N and K of at most 2^31 - 1: TMA's tile coordinates are signed 32-bit
 // (cp.async.bulk.tensor) and CUDA grids count blocks in 32 bits, so the GPU
@@ -57,7 +57,7 @@ constexpr const char* kOp = "opforge::gemm";
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 
 void check_dim(const char* what, int64_t value, const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(value <= kMaxDim, kOp, ": ", what, " = ", value,
+  TORCH_CHECK(value <= kMaxDim, kGemm, ": ", what, " = ", value,
               " is past the kernels' limit of 2^31 - 1 (a has shape ", a.sizes(), ", b ", b.sizes(),
               ")");
 }
@@ -431,13 +431,13 @@ Isa selected_isa() {
     const std::string want(env);
     for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512}) {
       if (want == isa_name(isa)) {
-        TORCH_CHECK(static_cast<int>(isa) <= static_cast<int>(best), kOp,
+        TORCH_CHECK(static_cast<int>(isa) <= static_cast<int>(best), kGemm,
                     ": OPFORGE_GEMM_CPU_ISA=", want, " but this CPU (or build) supports at most ",
                     isa_name(best));
         return isa;
       }
     }
-    TORCH_CHECK(false, kOp, ": OPFORGE_GEMM_CPU_ISA must be generic, avx2 or avx512, got '", want,
+    TORCH_CHECK(false, kGemm, ": OPFORGE_GEMM_CPU_ISA must be generic, avx2 or avx512, got '", want,
                 "'");
     return best;
   }();
@@ -458,11 +458,11 @@ void run(const S* a, const S* b, S* c, int64_t M, int64_t N, int64_t K) {
 }  // namespace gemm_cpu
 
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
-  check_floating(kOp, "a", a);
-  check_like(kOp, "a", a, "b", b);
-  check_2d(kOp, "a", a, "[M, K]");
-  check_2d(kOp, "b", b, "[K, N]");
-  TORCH_CHECK(a.size(1) == b.size(0), kOp,
+  check_floating(kGemm, "a", a);
+  check_like(kGemm, "a", a, "b", b);
+  check_2d(kGemm, "a", a, "[M, K]");
+  check_2d(kGemm, "b", b, "[K, N]");
+  TORCH_CHECK(a.size(1) == b.size(0), kGemm,
               ": a [M, K] and b [K, N] must agree in K: a.size(1) must equal b.size(0), got shapes ",
               a.sizes(), " and ", b.sizes());
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
@@ -480,7 +480,7 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor B = b.contiguous();
   at::Tensor C = at::empty({M, N}, a.options());
   run_kernel(
-      kOp, C,
+      kGemm, C,
       [&](auto stream) {
         const DType dtype = to_dtype(C.scalar_type());
         // The launcher's scratch (split-K partial sums, padded copies of
@@ -507,11 +507,11 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
 
 namespace {
 
-void register_kernels(torch::Library& m) { m.impl("gemm", &gemm); }
+void register_gemm_kernels(torch::Library& m) { m.impl("gemm", &gemm); }
 
 }  // namespace
 }  // namespace opforge
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("gemm(Tensor a, Tensor b) -> Tensor"); }
 
-OPFORGE_REGISTER_KERNELS(opforge, opforge::register_kernels)
+OPFORGE_REGISTER_KERNELS(opforge, opforge::register_gemm_kernels)

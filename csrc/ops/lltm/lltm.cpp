@@ -265,7 +265,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
   return {d_old_h, d_input, d_weights, d_bias, d_old_cell};
 }
 
-void register_kernels(torch::Library& m) {
+void register_lltm_kernels(torch::Library& m) {
   m.impl("lltm_forward", &lltm_forward);
   m.impl("lltm_backward", &lltm_backward);
 }
@@ -284,4 +284,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
       "-> (Tensor d_old_h, Tensor d_input, Tensor d_weights, Tensor d_bias, Tensor d_old_cell)");
 }
 
-OPFORGE_REGISTER_KERNELS(opforge, opforge::register_kernels)
+OPFORGE_REGISTER_KERNELS(opforge, opforge::register_lltm_kernels)

@@ -14,20 +14,20 @@
 namespace opforge {
 namespace {
 
-constexpr const char* kOp = "opforge::qqq_gemm";
+constexpr const char* kQqqGemm = "opforge::qqq_gemm";
 constexpr int64_t kUnit = 32;
 // |a * q * s| <= 128 * 128 per product: K * 2^14 must stay below 2^31.
 constexpr int64_t kMaxK = (std::numeric_limits<int32_t>::max() >> 14) / kUnit * kUnit;
 constexpr int kGroupScaleMax = 16;
 
 void check_dtype(const char* name, const at::Tensor& t, at::ScalarType want, const char* why) {
-  check_defined(kOp, name, t);
-  TORCH_CHECK_TYPE(t.scalar_type() == want, kOp, ": ", name, " must be ", dtype_name(want), " (", why,
+  check_defined(kQqqGemm, name, t);
+  TORCH_CHECK_TYPE(t.scalar_type() == want, kQqqGemm, ": ", name, " must be ", dtype_name(want), " (", why,
                    "), got ", dtype_name(t.scalar_type()));
 }
 
 void check_device(const char* name, const at::Tensor& t, const at::Tensor& a) {
-  TORCH_CHECK(t.device() == a.device(), kOp, ": a and ", name, " must be on the same device, got ",
+  TORCH_CHECK(t.device() == a.device(), kQqqGemm, ": a and ", name, " must be on the same device, got ",
               a.device(), " and ", t.device());
 }
 
@@ -104,47 +104,47 @@ at::Tensor qqq_gemm(const at::Tensor& a_in, const at::Tensor& w_packed, const at
                     const at::Tensor& s_ch_in, const std::optional<at::Tensor>& s_group_in,
                     int64_t group_size, std::optional<at::ScalarType> out_dtype) {
   check_dtype("a", a_in, at::kChar, "per-token quantised activations");
-  check_2d(kOp, "a", a_in, "[M, K]");
+  check_2d(kQqqGemm, "a", a_in, "[M, K]");
   check_dtype("w_packed", w_packed, at::kInt, "int4 weights packed by opforge.quant.quantize_weight_w4");
-  check_2d(kOp, "w_packed", w_packed, "[K / 8, N]");
+  check_2d(kQqqGemm, "w_packed", w_packed, "[K / 8, N]");
   check_dtype("s_tok", s_tok_in, at::kFloat, "per-token activation scales");
   check_dtype("s_ch", s_ch_in, at::kFloat, "per-channel weight scales");
   check_device("w_packed", w_packed, a_in);
   check_device("s_tok", s_tok_in, a_in);
   check_device("s_ch", s_ch_in, a_in);
   const int64_t M = a_in.size(0), K = a_in.size(1), N = w_packed.size(1);
-  TORCH_CHECK(K % kUnit == 0, kOp, ": K = a.size(1) must be a multiple of ", kUnit,
+  TORCH_CHECK(K % kUnit == 0, kQqqGemm, ": K = a.size(1) must be a multiple of ", kUnit,
               " (the packed unit), got ", K);
-  TORCH_CHECK(N % kUnit == 0, kOp, ": N = w_packed.size(1) must be a multiple of ", kUnit,
+  TORCH_CHECK(N % kUnit == 0, kQqqGemm, ": N = w_packed.size(1) must be a multiple of ", kUnit,
               " (the packed unit), got ", N);
-  TORCH_CHECK(K <= kMaxK, kOp, ": K must be at most ", kMaxK,
+  TORCH_CHECK(K <= kMaxK, kQqqGemm, ": K must be at most ", kMaxK,
               " so that the int32 accumulator cannot overflow, got ", K);
   TORCH_CHECK(M <= std::numeric_limits<int32_t>::max() && N <= std::numeric_limits<int32_t>::max(),
-              kOp, ": M and N must be below 2^31, got M = ", M, ", N = ", N);
-  check_shape(kOp, "w_packed", w_packed, {K / 8, N}, "[K / 8, N]");
-  TORCH_CHECK(w_packed.is_contiguous(), kOp,
+              kQqqGemm, ": M and N must be below 2^31, got M = ", M, ", N = ", N);
+  check_shape(kQqqGemm, "w_packed", w_packed, {K / 8, N}, "[K / 8, N]");
+  TORCH_CHECK(w_packed.is_contiguous(), kQqqGemm,
               ": w_packed must be contiguous (its memory is the packed layout), got strides ",
               w_packed.strides());
   TORCH_CHECK(!w_packed.is_cuda() || reinterpret_cast<uintptr_t>(w_packed.const_data_ptr()) % 16 == 0,
-              kOp, ": w_packed must be 16-byte aligned on the GPU, got address ",
+              kQqqGemm, ": w_packed must be 16-byte aligned on the GPU, got address ",
               w_packed.const_data_ptr(), " (a view at an offset? pass the tensor quantize_weight_w4 made)");
-  check_shape(kOp, "s_tok", s_tok_in, {M}, "[M]");
-  check_shape(kOp, "s_ch", s_ch_in, {N}, "[N]");
+  check_shape(kQqqGemm, "s_tok", s_tok_in, {M}, "[M]");
+  check_shape(kQqqGemm, "s_ch", s_ch_in, {N}, "[N]");
   at::Tensor s_group;
   if (s_group_in.has_value() && s_group_in->defined()) {
     s_group = *s_group_in;
     check_dtype("s_group", s_group, at::kChar, "integer group scales in [1, 16]");
     check_device("s_group", s_group, a_in);
-    TORCH_CHECK(group_size > 0 && group_size % kUnit == 0 && K % group_size == 0, kOp,
+    TORCH_CHECK(group_size > 0 && group_size % kUnit == 0 && K % group_size == 0, kQqqGemm,
                 ": group_size must be a positive multiple of ", kUnit, " that divides K = ", K,
                 " when s_group is given, got ", group_size);
-    check_shape(kOp, "s_group", s_group, {K / group_size, N}, "[K / group_size, N]");
+    check_shape(kQqqGemm, "s_group", s_group, {K / group_size, N}, "[K / group_size, N]");
   } else {
-    TORCH_CHECK(group_size == -1, kOp, ": group_size must be -1 (per channel) when s_group is None, got ",
+    TORCH_CHECK(group_size == -1, kQqqGemm, ": group_size must be -1 (per channel) when s_group is None, got ",
                 group_size);
   }
   const at::ScalarType odt = out_dtype.value_or(at::kHalf);
-  TORCH_CHECK_TYPE(odt == at::kHalf || odt == at::kBFloat16 || odt == at::kFloat, kOp,
+  TORCH_CHECK_TYPE(odt == at::kHalf || odt == at::kBFloat16 || odt == at::kFloat, kQqqGemm,
                    ": out_dtype must be float16, bfloat16 or float32, got ", dtype_name(odt));
 
   const at::Tensor a = aligned(a_in);
@@ -155,7 +155,7 @@ at::Tensor qqq_gemm(const at::Tensor& a_in, const at::Tensor& w_packed, const at
   at::Tensor out = at::empty({M, N}, a.options().dtype(odt));
 
   run_kernel(
-      kOp, out,
+      kQqqGemm, out,
       [&](auto stream) -> const char* {
         const int64_t ws_bytes = qqq_gemm_workspace_bytes(M, N, K, group_size);
         const at::Tensor ws = at::empty({ws_bytes}, a.options().dtype(at::kByte));
@@ -178,7 +178,7 @@ at::Tensor qqq_gemm(const at::Tensor& a_in, const at::Tensor& w_packed, const at
           // The kernel's int8 product q * s needs s in [1, 16]; on the CPU the
           // values are at hand, so a bad one is an error (CUDA writes NaN, LAYOUT.md).
           const int lo = sg->min().item<int>(), hi = sg->max().item<int>();
-          TORCH_CHECK(lo >= 1 && hi <= kGroupScaleMax, kOp, ": s_group values must lie in [1, ",
+          TORCH_CHECK(lo >= 1 && hi <= kGroupScaleMax, kQqqGemm, ": s_group values must lie in [1, ",
                       kGroupScaleMax, "], got values in [", lo, ", ", hi, "]");
         }
         switch (odt) {
@@ -192,7 +192,7 @@ at::Tensor qqq_gemm(const at::Tensor& a_in, const at::Tensor& w_packed, const at
   return out;
 }
 
-void register_kernels(torch::Library& m) { m.impl("qqq_gemm", &qqq_gemm); }
+void register_qqq_gemm_kernels(torch::Library& m) { m.impl("qqq_gemm", &qqq_gemm); }
 
 }  // namespace
 }  // namespace opforge
@@ -203,4 +203,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
       "int group_size=-1, ScalarType? out_dtype=None) -> Tensor");
 }
 
-OPFORGE_REGISTER_KERNELS(opforge, opforge::register_kernels)
+OPFORGE_REGISTER_KERNELS(opforge, opforge::register_qqq_gemm_kernels)

@@ -98,7 +98,7 @@ at::Tensor sigmoid_backward(const at::Tensor& grad, const at::Tensor& y) {
   return out;
 }
 
-void register_kernels(torch::Library& m) {
+void register_sigmoid_kernels(torch::Library& m) {
   m.impl("sigmoid", &sigmoid);
   m.impl("sigmoid_backward", &sigmoid_backward);
 }
@@ -111,4 +111,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def("sigmoid_backward(Tensor grad, Tensor y) -> Tensor");
 }
 
-OPFORGE_REGISTER_KERNELS(opforge, opforge::register_kernels)
+OPFORGE_REGISTER_KERNELS(opforge, opforge::register_sigmoid_kernels)

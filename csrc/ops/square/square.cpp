@@ -46,11 +46,11 @@ at::Tensor square(const at::Tensor& x) {
   return out;
 }
 
-void register_kernels(torch::Library& m) { m.impl("square", &square); }
+void register_square_kernels(torch::Library& m) { m.impl("square", &square); }
 
 }  // namespace
 }  // namespace opforge
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("square(Tensor x) -> Tensor"); }
 
-OPFORGE_REGISTER_KERNELS(opforge, opforge::register_kernels)
+OPFORGE_REGISTER_KERNELS(opforge, opforge::register_square_kernels)
