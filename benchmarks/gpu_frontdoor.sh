@@ -5,6 +5,7 @@
 # itself), then the elementwise layout cases, the stable-ABI scaffold's tests
 # and the build speed. Logs and JSON under $OUT; a short summary last.
 #   bash benchmarks/gpu_frontdoor.sh          # main job, layouts, stable ABI, build speed
+#   bash benchmarks/gpu_frontdoor.sh main     # the main job alone
 #   bash benchmarks/gpu_frontdoor.sh tests    # every CUDA test in parallel (scripts/test_gpu.sh)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,6 +16,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "CXX=${CXX:-unset} CC=${CC:-unset} CUDAHOSTCXX=${CUDAHOSTCXX:-unset}"
 
 seconds() { echo $(( $(date +%s) - $1 )); }
+# Each line of a log with the seconds since its command started.
+stamp() { python3 -u -c 'import sys, time
+t = time.time()
+for line in sys.stdin: print(f"{time.time() - t:6.1f} {line}", end="", flush=True)'; }
 
 if [ "${1:-}" = tests ]; then
   start=$(date +%s)
@@ -27,9 +32,11 @@ fi
 
 rm -rf .venv "$OPFORGE_CACHE_DIR"
 start=$(date +%s)
-timeout 400 bash scripts/main.sh > "$OUT/main.log" 2>&1
-echo "main job (venv, build, check, bench) rc=$? in $(seconds "$start") s"
+timeout 400 bash scripts/main.sh 2>&1 | stamp > "$OUT/main.log"
+echo "main job (venv, build, check, bench) rc=${PIPESTATUS[0]} in $(seconds "$start") s"
+grep -nE "building opforge_ops|built opforge_ops|opforge run on|check add:|measuring the machine|bench add |opforge run: " "$OUT/main.log" | head -12
 grep -nE "instead|statically" "$OUT/main.log" | head -3
+if [ "${1:-}" = main ]; then tail -n 24 "$OUT/main.log"; exit 0; fi
 
 source scripts/env.sh >/dev/null 2>&1
 start=$(date +%s)
