@@ -12,6 +12,8 @@ environment without torch: installing torch there would pull a multi-GB build
 that need not match the one the library will be loaded into. The wheel is
 then pure Python and ``import opforge`` builds the library on first use
 (JIT); ``OPFORGE_REQUIRE_PREBUILT=1`` makes that case an error instead.
+``OPFORGE_PREBUILT=0`` asks for that pure-Python install on purpose (a source
+checkout's editable install: the JIT cache rebuilds only what an edit touches).
 """
 
 import os
@@ -28,7 +30,10 @@ try:
 except ImportError:
     torch = None
 
-if torch is None:
+if os.environ.get("OPFORGE_PREBUILT") == "0":
+    print("opforge: OPFORGE_PREBUILT=0: no prebuilt op library; `import opforge` builds it on first use (JIT)", file=sys.stderr)
+    setup()
+elif torch is None:
     message = (
         "opforge: torch is not importable in the build environment, so the wheel has no prebuilt op library; "
         "`import opforge` will build it on first use (JIT). For a prebuilt library, install torch first and "

@@ -25,6 +25,8 @@ fi
 if ! python -m pip install -q -e ".[test]"; then
   # A machine with no package index (PIP_NO_INDEX=1 says so at once) but the
   # dependencies already installed, as a GPU image: the project alone.
+  # Without build isolation setup.py would see torch and compile the prebuilt
+  # library, which a checkout does not use: the JIT cache builds it, incrementally.
   echo "opforge: installing the project without its test extras (no package index reached)" >&2
-  python -m pip install -q --no-deps --no-build-isolation -e .
+  OPFORGE_PREBUILT=0 python -m pip install -q --no-deps --no-build-isolation -e .
 fi

@@ -202,12 +202,21 @@ def _build_cmake(folder: Path) -> int:
     # CUDA sources may live outside the folder (add_library over ../csrc): a CUDA torch means nvcc may run.
     tc = toolchain.resolve(with_cuda=torch.version.cuda is not None)
     compilers = []
+    # The environment too: CMake's CUDA detection reads CUDAHOSTCXX and adds
+    # that compiler's library folders to every link (a libstdc++.a found there
+    # first is linked in, whatever compiler links).
+    env = dict(os.environ)
     for note in tc.notes():
         err.print(note, highlight=False)
     if tc.cxx.fell_back:
         compilers.append(f"-DCMAKE_CXX_COMPILER={tc.cxx.use}")
+        env["CXX"] = tc.cxx.use
+        cc = Path(tc.cxx.use).with_name(Path(tc.cxx.use).name.replace("g++", "gcc"))
+        if env.get("CC") and cc.is_file():
+            env["CC"] = str(cc)
     if tc.cuda_host is not None and tc.cuda_host.fell_back:
         compilers.append(f"-DCMAKE_CUDA_HOST_COMPILER={tc.cuda_host.use}")
+        env["CUDAHOSTCXX"] = tc.cuda_host.use
     for cmd in (
         [
             "cmake",
@@ -227,12 +236,19 @@ def _build_cmake(folder: Path) -> int:
         ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
     ):
         err.print(f"opforge build: {' '.join(cmd[:2])} ...", highlight=False)
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if res.returncode != 0:
             err.print(res.stdout[-4000:] + res.stderr[-4000:], highlight=False, markup=False)
             return 1
     libs = sorted(p for p in build.glob("*.so") if p.is_file())
     for so in libs:
+        if toolchain.links_libstdcxx_statically(so):
+            # Loading it would abort the process at the first C++ exception.
+            raise SystemExit(
+                f"opforge build: {so.name} carries its own copy of libstdc++ (linked statically): torch's exceptions would "
+                f"abort the process. Its link command is in {build}; look for -static-libstdc++ or a -L folder holding "
+                "only libstdc++.a, and build with a compiler that links libstdc++ dynamically (CXX=g++ CUDAHOSTCXX=g++)"
+            )
         load_library(so)
         out.print(f"{folder.name}: {so} (cmake; loaded into torch.ops)")
     if not libs:
