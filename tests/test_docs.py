@@ -216,6 +216,9 @@ class Session:
             f"export -p > {exports}\n"
         )
         start = time.perf_counter()
+        # Each block's start and time in the scratch folder as it happens: a run killed from outside still says where it was.
+        with open(self.scratch / "timings.txt", "a") as log:
+            log.write(f"{block.where}: started\n")
         try:
             res = subprocess.run(
                 ["bash", "-e", str(shell)], cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S
@@ -223,6 +226,8 @@ class Session:
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"{block.where} ran over {BLOCK_TIMEOUT_S} s:\n{block.code}\n--- output\n{exc.stdout}\n{exc.stderr}")
         self.timings.append((block.where, time.perf_counter() - start))
+        with open(self.scratch / "timings.txt", "a") as log:
+            log.write(f"{block.where}: {self.timings[-1][1]:.1f} s, exit {res.returncode}\n")
         if res.returncode != 0:
             out, err = res.stdout[-6000:], res.stderr[-6000:]
             pytest.fail(f"{block.where} exited {res.returncode}:\n{block.code}\n--- stdout (end)\n{out}\n--- stderr (end)\n{err}")

@@ -240,11 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return run_route(args.route, torch.device(args.device))
     routes = ROUTES if args.route == "all" else (args.route,)
+    # The routes build side by side, each in a fresh process (one nvcc compile
+    # of the GEMM each, which a many-core machine runs at once); their output
+    # is printed whole, route after route, as each one finishes in turn.
+    if len(routes) > 1:
+        print(f"building by {', '.join(routes)} side by side; each route's output follows in that order", flush=True)
+    children = {
+        route: subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", "--route", route, "--device", args.device],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for route in routes
+    }
     status = {}
-    for route in routes:
-        print(f"\n== {route}", flush=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--route", route, "--device", args.device]
-        status[route] = subprocess.run(cmd).returncode
+    for route, child in children.items():
+        output, _ = child.communicate()
+        print(f"\n== {route}\n{output}", end="", flush=True)
+        status[route] = child.returncode
     print("\nsummary (each route a fresh process, each library both a pybind11 module and torch.ops.opforge.gemm):")
     for route, rc in status.items():
         verdict = {0: "ok", SKIPPED: "skipped (cmake is not on PATH)"}.get(rc, f"FAILED (exit {rc})")
