@@ -100,11 +100,13 @@ def block_problems(blocks: list[Block]) -> list[str]:
     neither runs nor says why, contradictory markers."""
     problems = []
     for b in blocks:
-        unknown = b.markers - {"gpu", "norun", "excerpt"}
+        unknown = b.markers - {"gpu", "cpu", "norun", "excerpt"}
         if unknown:
-            problems.append(f"{b.where}: unknown marker(s) {sorted(unknown)}; use gpu, norun or excerpt: PATH")
-        if "norun" in b.markers and ({"gpu", "excerpt"} & b.markers):
-            problems.append(f"{b.where}: norun with {sorted({'gpu', 'excerpt'} & b.markers)}: a norun block is never run nor read")
+            problems.append(f"{b.where}: unknown marker(s) {sorted(unknown)}; use gpu, cpu, norun or excerpt: PATH")
+        if "norun" in b.markers and ({"gpu", "cpu", "excerpt"} & b.markers):
+            problems.append(f"{b.where}: norun with {sorted({'gpu', 'cpu', 'excerpt'} & b.markers)}: a norun block is never run nor read")
+        if {"gpu", "cpu"} <= b.markers:
+            problems.append(f"{b.where}: gpu and cpu: a block runs in one session or in both (no marker)")
         if "excerpt" in b.markers and not b.excerpt:
             problems.append(f"{b.where}: excerpt without a path")
         if not ({"norun", "excerpt"} & b.markers) and b.lang not in RUNNABLE:
@@ -239,7 +241,9 @@ def run_guide(tmp: Path, *, gpu: bool) -> Session:
     assert not problems, "\n".join(problems)
     session = Session.start(tmp)
     for index, block in enumerate(blocks):
-        if "norun" in block.markers or ("gpu" in block.markers and not gpu):
+        # cpu: the CPU session's alone (a CPU-only command; on a GPU machine its
+        # CPU torch.compile checks took a minute a block and said nothing new).
+        if "norun" in block.markers or ("gpu" in block.markers and not gpu) or ("cpu" in block.markers and gpu):
             continue
         session.run(index, block)
     summary = ", ".join(f"{where.split(' ')[0]} {s:.0f} s" for where, s in session.timings)
