@@ -49,6 +49,33 @@ def test_stop_rule_max_reps():
     assert t.stop == "max reps" and t.reps == 25
 
 
+def test_sides_are_timed_in_turns_and_a_failing_side_is_reported():
+    order = []
+
+    def side(name, fail_after=None):
+        def fn(x):
+            order.append(name)
+            if fail_after is not None and order.count(name) > fail_after:
+                raise ValueError(f"{name} broke")
+            return x + 1
+
+        return fn
+
+    x = torch.randn(8)
+    sets = [Sample((x,), {}, "tiny")]
+    timer = bench.Timer(torch.device("cpu"))
+    timer._flush = torch.ones(16)  # the cache flush is not what this is about
+    sides = {"a": (side("a"), sets), "b": (side("b"), sets), "broken": (side("broken", fail_after=5), sets)}
+    got = bench.time_interleaved(sides, timer, budget_s=0.05, graph=False)
+    assert isinstance(got["a"], Timing) and isinstance(got["b"], Timing) and got["a"].reps >= 10
+    assert isinstance(got["broken"], ValueError) and "broken broke" in str(got["broken"])
+    # Warm-ups first (3 calls each), then batches of 10 in rotation: "a" and "b" alternate
+    # until one of them stops; the other then goes on alone.
+    timed = [n for n in order[9:] if n != "broken"]
+    runs = [len(list(g)) for _, g in itertools.groupby(timed)]
+    assert len(runs) >= 2 and all(r == 10 for r in runs[:-1]) and runs[-1] % 10 == 0, runs
+
+
 def test_input_sets_rotate_only_what_fits_in_cache():
     gen = generator(torch.device("cpu"), 0)
     small = Sample((torch.randn(1000), torch.randn(1000)), {"alpha": 2.0}, "small")
