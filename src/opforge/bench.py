@@ -537,21 +537,21 @@ def bench_op(
                 if impl in spec.baselines:
                     made = [spec.baselines[impl](s) for s in sets]
                     fn, impl_sets = made[0][0], [m[1] for m in made]
-                if fn is None:
-                    row.timings[impl], row.notes[impl] = None, compile_note
-                    continue
-                sides[impl] = (fn, impl_sets)
+                if fn is not None:
+                    sides[impl] = (fn, impl_sets)
             timed = time_interleaved(sides, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
             del sides
-            for impl in impls:
+            for impl in impls:  # in this order in the row: opforge, eager, compiled, the spec's baselines
                 result = timed.get(impl)
-                if isinstance(result, Exception):
+                if result is None:
+                    row.timings[impl], row.notes[impl] = None, compile_note
+                elif isinstance(result, Exception):
                     if impl == "opforge":
                         raise result
                     text = str(result).strip()
                     row.timings[impl] = None
                     row.notes[impl] = f"{type(result).__name__}: {text.splitlines()[0][:160] if text else ''}"
-                elif result is not None:
+                else:
                     row.timings[impl] = result
             rows.append(row)
             on_row(row)
