@@ -82,3 +82,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
 }
 
 OPFORGE_REGISTER_KERNELS(opforge, opforge::register_add_kernels)
+OPFORGE_REGISTER_WRITES_ARGUMENTS(opforge, "add_out")
