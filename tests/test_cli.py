@@ -258,3 +258,42 @@ def test_bench_prints_a_line_per_case(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     line = next(ln for ln in res.stderr.splitlines() if ln.startswith("bench add float32 2^16:"))
     assert " us, " in line and "vs eager" in line and "compiled: not asked (--no-compile)" in line
+
+
+def test_version(capsys):
+    from opforge.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"opforge {opforge.__version__}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "int32"], "argument --dtype: 'int32' is not a dtype the operators take; use float32, float16, bfloat16, float64"),
+        (["--dtype", "float128"], "argument --dtype: 'float128' is not a dtype the operators take"),
+        (["--dtype", ""], "argument --dtype: expected comma-separated dtypes (float32, float16, bfloat16, float64), got ''"),
+        (["--dtype", "float32,"], "argument --dtype: expected comma-separated dtypes"),
+        (["--budget", "-1"], "argument --budget: must be a number of seconds > 0, got -1"),
+        (["--budget", "nan"], "argument --budget: must be a number of seconds > 0, got nan"),
+        (["--budget", "soon"], "argument --budget: expected a number of seconds, got 'soon'"),
+        (["--compare", "missing.json"], "argument --compare: no such file: missing.json"),
+    ],
+)
+@pytest.mark.parametrize("command", ["bench", "run"])
+def test_bench_arguments_are_checked_before_anything_runs(command, args, message, capsys, tmp_path, monkeypatch):
+    from opforge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([command, "add", *args] if command == "bench" else [command, *args])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("usage: opforge " + command), err
+
+
+def test_dtype_aliases_are_spelled_out():
+    from opforge.cli import _dtype_list
+
+    assert _dtype_list("fp16,bf16,float32,torch.float64,fp32") == "float16,bfloat16,float32,float64"

@@ -97,6 +97,52 @@ def _specs(names: Sequence[str], *, own_library: bool = True):  # noqa: ANN202
         raise SystemExit(f"opforge: {exc.args[0]}") from None
 
 
+#: The dtypes the operators take, and the other names people type for them.
+_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64"}
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                  "fp64": "float64", "double": "float64"}  # fmt: skip
+
+
+def _dtype_list(text: str) -> str:
+    """--dtype: comma-separated floating dtypes, aliases spelled out ("fp16" -> "float16")."""
+    names = [n.strip().removeprefix("torch.") for n in text.split(",")]
+    if not text.strip() or not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated dtypes ({', '.join(_DTYPES)}), got {text!r}")
+    out = []
+    for n in names:
+        canonical = _DTYPES.get(n) or _DTYPE_ALIASES.get(n)
+        if canonical is None:
+            raise argparse.ArgumentTypeError(
+                f"{n!r} is not a dtype the operators take; use {', '.join(_DTYPES)} (or fp32, fp16, bf16, fp64)"
+            )
+        out.append(canonical)
+    return ",".join(dict.fromkeys(out))
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def _existing_file(text: str) -> Path:
+    """A file to read later (--compare): checked before anything is measured."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {path}")
+    return path
+
+
+def _version() -> str:
+    from opforge import __version__
+
+    return __version__
+
+
 def _seed(seed: int | None) -> int:
     return random.SystemRandom().randrange(2**31) if seed is None else seed
 
@@ -638,6 +684,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="opforge", description="Build, check and benchmark custom PyTorch operators.")
+    p.add_argument("--version", action="version", version=f"opforge {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -688,12 +735,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             sp.add_argument("--full", action="store_true",
                             help="every case of the sweeps (and their plot, as --sweep), every dtype, the torch.compile "
                                  "baseline on the CPU too (tens of minutes there)")  # fmt: skip
-            sp.add_argument("--dtype", default=None,
+            sp.add_argument("--dtype", default=None, type=_dtype_list,
                             help="comma-separated dtypes (default: float32 on the CPU; on a GPU each op's first dtype "
                                  "and bfloat16)")  # fmt: skip
         else:
-            sp.add_argument("--dtype", default="float32,float16,bfloat16", help="comma-separated dtypes")
-        sp.add_argument("--budget", type=float, default=0.3, help="at most this many seconds of timing per case and side (default 0.3)")
+            sp.add_argument("--dtype", default="float32,float16,bfloat16", type=_dtype_list, help="comma-separated dtypes")
+        sp.add_argument("--budget", type=_positive_seconds, default=0.3,
+                        help="at most this many seconds of timing per case and side (default 0.3)")  # fmt: skip
         sp.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph (no launch overhead)")
         sp.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile baseline" + (" (run by default on a GPU only)" if run else ""))  # fmt: skip
@@ -711,7 +759,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             help="PNG of bandwidth against size, or TFLOP/s per case for compute-bound ops such as gemm "
             "(default with --sweep: opforge-bench-<device>.png)",
         )
-        sp.add_argument("--compare", type=Path, default=None, help="an earlier --json: ratio per case, regressions flagged (exit 1)")
+        sp.add_argument("--compare", type=_existing_file, default=None,
+                        help="an earlier --json: ratio per case, regressions flagged (exit 1)")  # fmt: skip
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("cache", help="list or clean the build cache")
     cache_sub = sp.add_subparsers(dest="cache_command", required=True)
