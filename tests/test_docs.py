@@ -106,7 +106,7 @@ def block_problems(blocks: list[Block]) -> list[str]:
         if "norun" in b.markers and ({"gpu", "cpu", "excerpt"} & b.markers):
             problems.append(f"{b.where}: norun with {sorted({'gpu', 'cpu', 'excerpt'} & b.markers)}: a norun block is never run nor read")
         if {"gpu", "cpu"} <= b.markers:
-            problems.append(f"{b.where}: gpu and cpu: a block runs in one session or in both (no marker)")
+            problems.append(f"{b.where}: gpu and cpu: a block runs on one kind of machine or on both (no marker)")
         if "excerpt" in b.markers and not b.excerpt:
             problems.append(f"{b.where}: excerpt without a path")
         if not ({"norun", "excerpt"} & b.markers) and b.lang not in RUNNABLE:
@@ -241,7 +241,7 @@ def run_guide(tmp: Path, *, gpu: bool) -> Session:
     assert not problems, "\n".join(problems)
     session = Session.start(tmp)
     for index, block in enumerate(blocks):
-        # cpu: the CPU session's alone (a CPU-only command; on a GPU machine its
+        # cpu: the CPU run's alone (a CPU-only command; on a GPU machine its
         # CPU torch.compile checks took a minute a block and said nothing new).
         if "norun" in block.markers or ("gpu" in block.markers and not gpu) or ("cpu" in block.markers and gpu):
             continue

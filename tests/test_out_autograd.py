@@ -29,13 +29,23 @@ def test_the_library_has_a_writer():
     assert [s.name for s in WRITERS] == ["add_out"]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("entry", ["public", "torch.ops"])
-@pytest.mark.parametrize("spec", WRITERS, ids=lambda s: s.name)
-def test_no_argument_may_require_grad(spec, entry, device, seed):
+def _setup(spec, entry, device, seed):
+    """The entry point, the written argument's position, and a sample's arguments."""
     call = spec.function if entry == "public" else spec.overload
     (written,) = spec.mutated_args
-    base = _args(spec, device, seed)
+    return call, written, _args(spec, device, seed)
+
+
+def _each_call(test):
+    """Each writer, on each device, through each entry point."""
+    test = pytest.mark.parametrize("device", DEVICES)(test)
+    test = pytest.mark.parametrize("entry", ["public", "torch.ops"])(test)
+    return pytest.mark.parametrize("spec", WRITERS, ids=lambda s: s.name)(test)
+
+
+@_each_call
+def test_no_argument_may_require_grad(spec, entry, device, seed):
+    call, written, base = _setup(spec, entry, device, seed)
     for i, arg in enumerate(base):
         if not isinstance(arg, torch.Tensor):
             continue
@@ -58,13 +68,9 @@ def test_no_argument_may_require_grad(spec, entry, device, seed):
                 call(*args)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("entry", ["public", "torch.ops"])
-@pytest.mark.parametrize("spec", WRITERS, ids=lambda s: s.name)
+@_each_call
 def test_a_write_bumps_the_version_and_backward_sees_it(spec, entry, device, seed):
-    call = spec.function if entry == "public" else spec.overload
-    (written,) = spec.mutated_args
-    args = _args(spec, device, seed)
+    call, written, args = _setup(spec, entry, device, seed)
     out = args[written]
     version = out._version
     call(*args)
