@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
-import platform
 import re
 import resource
 import shlex
@@ -89,13 +89,13 @@ def _cuda_build() -> tuple[bool, list[str]]:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    # opforge.machine by its path: importing the package would import torch
+    # and build or load the op library in this process, which only drives builds.
+    spec = importlib.util.spec_from_file_location("_opforge_machine", SRC / "opforge" / "machine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.cpu_name()
 
 
 def _gpu_name() -> str | None:

@@ -28,7 +28,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -355,13 +354,9 @@ class BenchReport:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from opforge.machine import cpu_name
+
+    return cpu_name()
 
 
 def _driver_version(device: torch.device) -> str | None:
