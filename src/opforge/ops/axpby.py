@@ -39,6 +39,22 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return grad_x, grad_y, None, None
 
 
+def _backward_backward(ctx, g_x: torch.Tensor | None, g_y: torch.Tensor | None):  # noqa: ANN001, ANN202
+    # axpby_backward(grad) = (alpha grad, beta grad), linear in grad: its own gradient is
+    # alpha g_x + beta g_y, which is axpby itself (differentiable again).
+    if g_x is None and g_y is None:
+        return None, None, None
+    if g_x is None:
+        return ctx.beta * g_y, None, None
+    if g_y is None:
+        return ctx.alpha * g_x, None, None
+    return torch.ops.opforge.axpby(g_x, g_y, ctx.alpha, ctx.beta), None, None
+
+
+def _setup_context_backward(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol
+    _, ctx.alpha, ctx.beta = inputs
+
+
 def _coefficients(gen: torch.Generator) -> tuple[float, float]:
     # Drawn fresh, and kept exactly representable in every dtype's opmath so
     # the float32 kernel and the float64 reference scale by the same number.
@@ -92,5 +108,7 @@ SPECS = [
         bench_cases=elementwise_bench(1, 1.5, -0.5),
         sweep_cases=elementwise_bench(1, 1.5, -0.5, sweep=True),
         fake=_fake_backward,
+        backward=_backward_backward,
+        setup_context=_setup_context_backward,
     ),
 ]

@@ -42,6 +42,17 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return torch.ops.opforge.sigmoid_backward(grad, y)
 
 
+def _setup_context_backward(ctx, inputs, output) -> None:  # noqa: ANN001 - torch's protocol
+    ctx.save_for_backward(*inputs)
+
+
+def _backward_backward(ctx, gg: torch.Tensor):  # noqa: ANN001, ANN202
+    # sigmoid_backward(grad, y) = grad * y * (1 - y): d/dgrad = y (1 - y), d/dy = grad (1 - 2y).
+    # The first term is the operator itself, so third derivatives keep working.
+    grad, y = ctx.saved_tensors
+    return torch.ops.opforge.sigmoid_backward(gg, y), gg * grad * (1 - 2 * y)
+
+
 def _fake_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     expect_floating(OP_BACKWARD, "grad", grad)
     expect_same(OP_BACKWARD, "grad", grad, "y", y)
@@ -90,5 +101,7 @@ SPECS = [
         bench_cases=_bench_backward(sweep=False),
         sweep_cases=_bench_backward(sweep=True),
         fake=_fake_backward,
+        backward=_backward_backward,
+        setup_context=_setup_context_backward,
     ),
 ]
