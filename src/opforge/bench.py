@@ -73,12 +73,15 @@ class Timing:
         return cls(statistics.median(samples_us), q[0], q[2], len(samples_us), stop)
 
 
+_MAX_REPS = 100_000  # the stop rule's cap on timed calls per side (as before the sides took turns)
+
+
 def repeat_until_stable(
     batch: Callable[[int], list[float]],
     *,
     budget_s: float,
     min_reps: int = 10,
-    max_reps: int = 100_000,
+    max_reps: int = _MAX_REPS,
     target_spread: float = TARGET_SPREAD,
     clock: Callable[[], float] = time.perf_counter,
     chunk: int = 10,
@@ -90,12 +93,21 @@ def repeat_until_stable(
     deadline = clock() + budget_s
     while True:
         samples += batch(min(chunk, max_reps - len(samples)))
-        if len(samples) >= min_reps and Timing.of(samples, "").spread < target_spread:
-            return Timing.of(samples, "stable")
-        if len(samples) >= max_reps:
-            return Timing.of(samples, "max reps")
-        if clock() >= deadline and len(samples) >= min_reps:
-            return Timing.of(samples, "budget")
+        stop = _stop_reason(samples, min_reps=min_reps, max_reps=max_reps, out_of_time=clock() >= deadline, target_spread=target_spread)
+        if stop:
+            return Timing.of(samples, stop)
+
+
+def _stop_reason(samples: Sequence[float], *, min_reps: int, max_reps: int, out_of_time: bool, target_spread: float = TARGET_SPREAD) -> str:
+    """The stop rule: "stable" once the spread is under target (after ``min_reps``),
+    "max reps", or "budget" once out of time (after ``min_reps``); "" to go on."""
+    if len(samples) >= min_reps and Timing.of(samples, "").spread < target_spread:
+        return "stable"
+    if len(samples) >= max_reps:
+        return "max reps"
+    if out_of_time and len(samples) >= min_reps:
+        return "budget"
+    return ""
 
 
 class Timer:
@@ -272,14 +284,7 @@ def time_interleaved(
                 del running[name]
                 continue
             spent[name] += time.perf_counter() - t0
-            n = len(samples[name])
-            stop = ""
-            if n >= reps and Timing.of(samples[name], "").spread < TARGET_SPREAD:
-                stop = "stable"
-            elif n >= 100_000:
-                stop = "max reps"
-            elif spent[name] >= budget_s and n >= reps:
-                stop = "budget"
+            stop = _stop_reason(samples[name], min_reps=reps, max_reps=_MAX_REPS, out_of_time=spent[name] >= budget_s)
             if stop:
                 results[name] = Timing.of(samples[name], stop)
                 del running[name]

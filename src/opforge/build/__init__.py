@@ -184,8 +184,9 @@ def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
     for op_dir in sorted(p for p in (root / "ops").iterdir() if p.is_dir()):
         sources += op_sources(op_dir, with_cuda=cuda)
     # The ops' wrappers compile as one unit, beside the fast path's module on
-    # the other core: cold on 2 cores, 7 wrappers took 30.2 s as 7 units (each
-    # parses torch's headers) and 15.9 s as one (benchmarks/build_speed.py).
+    # the other core: on 2 cores, 7 wrappers took 30.2 s as 7 units on a
+    # precompiled header (plus 13.6 s to build it) and 15.9 s as one unit
+    # without it (benchmarks/build_speed.py).
     unity = tuple(s for s in sources if s.suffix == ".cpp" and s.parent.parent.name == "ops")
     # OPFORGE_CXXFLAGS adds host-compiler flags (part of the cache key).
     cflags = ["-O3", "-fopenmp", *os.environ.get("OPFORGE_CXXFLAGS", "").split()]
