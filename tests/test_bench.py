@@ -168,6 +168,42 @@ def test_json_round_trip_csv_and_plot(tmp_path):
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize(
+    ("load", "cores", "threads", "busy"),
+    [
+        (0.2, 2, 2, None),  # idle: the load is the bench's own process
+        (0.9, 2, 2, None),
+        (3.6, 2, 2, "the machine is busy: load average 3.6 over the last minute on 2 usable cores"),  # two other jobs
+        (2.5, 16, 8, None),  # others run on cores the bench leaves free
+        (12.0, 16, 8, "the machine is busy: load average 12.0"),
+        (0.0, 2, 4, "torch runs 4 threads on 2 usable cores"),
+    ],
+)
+def test_busy_machine(load, cores, threads, busy):
+    found = bench.busy_machine(load, cores, threads)
+    assert found is None if busy is None else found is not None and found.startswith(busy), found
+
+
+def test_busy_cpu_is_a_warning_in_the_report_and_its_json(monkeypatch, tmp_path, capsys):
+    import os
+
+    from opforge import cli
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    report = bench.new_report(torch.device("cpu"))
+    [warning] = report.warnings
+    assert warning.startswith("the machine is busy: load average 64.0 over the last minute on ")
+    bench.write_json(report, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["warnings"] == [warning]
+    assert bench.read_json(tmp_path / "r.json").warnings == [warning]
+    args = ["bench", "square", "--device", "cpu", "--dtype", "float32", "--budget", "0.01", "--seed", "1", "--no-compile", "--case", "2^16"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr()
+    assert "warning: the machine is busy: load average 64.0" in out.err and "warning: the machine is busy" in out.out
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert bench.new_report(torch.device("cpu")).warnings == [] or torch.get_num_threads() > len(os.sched_getaffinity(0))
+
+
 def test_lltm_cost_counts_the_gate_matmul_and_each_tensor_once():
     spec = {s.name: s for s in all_specs()}["lltm_forward"]
     B, F, S = 5, 7, 11

@@ -301,6 +301,37 @@ def test_cuda_archs_from_the_env(monkeypatch, env, archs):
     assert ob.cuda_archs() == archs
 
 
+@pytest.mark.parametrize(
+    ("value", "flag"),
+    [("1", True), ("yes", True), ("TRUE", True), (" On ", True), ("0", False), ("no", False), ("False", False), ("OFF", False), ("", None)],
+)
+def test_build_cuda_flag_words(monkeypatch, value, flag):
+    import opforge.build as ob
+
+    monkeypatch.setenv("OPFORGE_BUILD_CUDA", value)
+    assert ob.build_cuda_flag() is flag
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "gpu"])
+def test_build_cuda_flag_other_values_are_errors(monkeypatch, value):
+    import opforge.build as ob
+
+    monkeypatch.setenv("OPFORGE_BUILD_CUDA", value)
+    for read in (ob.build_cuda_flag, ob.want_cuda, lambda: ob.folder_config(csrc_dir() / "ops" / "add")):
+        with pytest.raises(BuildError, match=rf"^opforge: OPFORGE_BUILD_CUDA='{value}' is neither on nor off: set it to 1 or 0"):
+            read()
+
+
+def test_build_cuda_yes_on_a_cpu_torch_is_refused(monkeypatch):
+    # "yes" means on: with a CPU torch that is an error, never a quiet CPU-only build.
+    import opforge.build as ob
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setenv("OPFORGE_BUILD_CUDA", "yes")
+    with pytest.raises(BuildError, match=r"OPFORGE_BUILD_CUDA=yes but this torch build has no CUDA"):
+        ob.want_cuda()
+
+
 def test_cuda_archs_from_the_gpus_and_default(monkeypatch):
     import opforge.build as ob
 

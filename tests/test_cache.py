@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -119,3 +121,60 @@ def test_loader_messages_are_explained():
     assert "another torch" in msg and "_GLIBCXX_USE_CXX11_ABI" in msg and "torchCheckFail" in msg
     assert explain_load_error(p, "/x/libops.so: invalid ELF header").startswith("libops.so is not a shared library")
     assert explain_load_error(p, "something else") == ""
+
+
+def test_cache_dir_that_is_a_file_is_named_with_the_fix(tmp_path, monkeypatch):
+    from opforge import cli
+    from opforge.build.store import CacheDirError, cache_root
+
+    afile = tmp_path / "not-a-dir"
+    afile.write_text("")
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(afile))
+    expected = f"opforge: OPFORGE_CACHE_DIR={afile} is a file, not a directory: set OPFORGE_CACHE_DIR to a directory you can write"
+    with pytest.raises(CacheDirError) as info:
+        cache_root()
+    assert str(info.value).startswith(expected)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["cache", "list"])
+    assert str(info.value.code).startswith(expected)
+    # The import builds into the cache: the same one line, not FileExistsError from deep inside pathlib.
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    res = subprocess.run(
+        [sys.executable, "-c", "import opforge"], env={**os.environ, "PYTHONPATH": src}, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 1 and "FileExistsError" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1].endswith(expected + " (or remove the file)"), res.stderr
+
+
+def test_read_only_cache_dir_is_named_with_the_fix(root, monkeypatch):
+    from opforge import cli
+    from opforge.build import store
+    from opforge.build.prebuilt import load_op_library
+
+    _entry(root, "lib_a", complete=True)
+    # Stands in for a directory mode 0500 even when the tests run as root, who may write anywhere.
+    monkeypatch.setattr(store, "_accessible", lambda path, mode: not mode & os.W_OK)
+    monkeypatch.setenv("OPFORGE_LIBRARY", "jit")
+    with pytest.raises(store.CacheDirError, match=rf"OPFORGE_CACHE_DIR={root} cannot be written by you \(mode 0700\): chmod 700 {root}"):
+        load_op_library()
+    assert [e.name for e in cache.entries()] == ["lib_a"], "listing needs no write access"
+    with pytest.raises(SystemExit) as info:
+        cli.main(["cache", "clean"])
+    assert str(info.value.code).startswith(f"opforge: OPFORGE_CACHE_DIR={root} cannot be written by you")
+    monkeypatch.setattr(store, "_accessible", lambda path, mode: False)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["cache", "list"])
+    assert str(info.value.code).startswith(f"opforge: OPFORGE_CACHE_DIR={root} cannot be read by you (mode 0700): chmod 700 {root}")
+
+
+@pytest.mark.skipif(os.getuid() == 0, reason="root may write into a read-only directory")
+def test_really_read_only_cache_dir(root):
+    from opforge.build.store import CacheDirError, cache_root
+
+    root.chmod(0o500)
+    try:
+        with pytest.raises(CacheDirError, match=r"cannot be written by you \(mode 0500\)"):
+            cache_root()
+        assert cache_root(write=False) == root
+    finally:
+        root.chmod(0o700)

@@ -26,16 +26,87 @@ def test_check_passes_and_prints_the_table():
     res = opforge_cli("check", "add", "axpby", "--device", "cpu", "--seed", "7")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "opforge::add " in res.stdout and "opforge::axpby " in res.stdout
-    for col in ("reference", "opcheck", "gradcheck", "compile", "bad inputs"):
+    for col in ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs"):
         assert col in res.stdout
-    assert res.stdout.strip().endswith("10 passed, 0 failed")
+    assert res.stdout.strip().endswith("12 passed, 0 failed")
     assert "seed 7" in res.stderr
 
 
 def test_check_unknown_op_is_a_clear_error():
     res = opforge_cli("check", "no_such_op")
-    assert res.returncode != 0
+    assert res.returncode == 2, "a usage error, not a failed check"
     assert "no operator named 'no_such_op'; known: add, add_out" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["check", "ad"], "opforge: no operator named 'ad'; known: add, add_out"),
+        (["check", "add", "--checks", "referenc"], "opforge: unknown check 'referenc'; choose from reference"),
+        (["check", "add", "--seeds", "0"], "opforge: --seeds must be at least 1, got 0"),
+        (["check", "./no_such_dir"], "opforge: ./no_such_dir: no such directory"),
+        (["bench", "add", "--case", "2^99", "--device", "cpu"], "opforge bench: no cases named 2^99; they are: "),
+        (["cache", "clean", "--older-than", "-1"], "opforge: --older-than must be a number of days >= 0, got -1.0"),
+        (["build", "no_such_dir"], "opforge build: no_such_dir is not a folder"),
+    ],
+)
+def test_usage_errors_exit_2_with_their_message(args, message, capsys, tmp_path, monkeypatch):
+    from opforge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_failed_check_exits_1(monkeypatch, capsys):
+    from opforge import check, cli
+
+    def failing(spec, *args, **kwargs):
+        return [check.CheckResult(spec.name, "reference", "fail", count=1, failures=["planted failure"])]
+
+    monkeypatch.setattr(check, "check_op", failing)
+    assert cli.main(["check", "square", "--checks", "reference", "--device", "cpu", "--seed", "1"]) == 1
+    assert "reference: planted failure" in capsys.readouterr().out
+
+
+def test_a_bare_name_is_the_operator_even_beside_a_folder_of_that_name(tmp_path, monkeypatch, capsys):
+    """`opforge check add` in a folder holding a package add/ checks opforge's add; ./add or add/ is the package."""
+    from types import SimpleNamespace
+
+    import opforge.project
+    from opforge import cli
+
+    package = tmp_path / "add"
+    (package / "csrc").mkdir(parents=True)
+    (package / "add_pkg").mkdir()
+    (package / "add_pkg" / "__init__.py").write_text("")
+    (package / "pyproject.toml").write_text('[tool.opforge]\nsources = "csrc"\npackage = "add_pkg"\nnamespace = "add_pkg"\n')
+    loaded = []
+
+    def load_project(path):
+        loaded.append(str(path))
+        return [SimpleNamespace(qualname="add_pkg::add")]
+
+    monkeypatch.setattr(opforge.project, "load_project", load_project)
+    monkeypatch.chdir(tmp_path)
+    assert cli._projects(["add"]) == (["add"], {}, True)
+    assert loaded == []
+    for as_path in ("./add", "add/", str(package)):
+        assert cli._projects([as_path]) == (["add_pkg::add"], {as_path: False}, False)
+    assert loaded == ["add", "add", str(package)]
+    # End to end: opforge's own operator is checked, and the package is never imported.
+    loaded.clear()
+    assert cli.main(["check", "add", "--checks", "reference", "--device", "cpu", "--seed", "1"]) == 0
+    assert "opforge::add " in capsys.readouterr().out and loaded == []
+    # A name that is no operator but a folder here: the message says how to name the folder.
+    (tmp_path / "my_op").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["check", "my_op"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "no operator named 'my_op'" in err and "(my_op/ is a folder here: write ./my_op for the package in it)" in err
 
 
 def test_check_cuda_without_a_gpu_says_why():
@@ -88,11 +159,14 @@ def test_bench_case_picks_cases_and_names_the_known_ones(tmp_path):
 def test_check_seeds_and_report():
     import torch
 
+    from opforge.check import with_special_values
     from opforge.spec import get_specs
 
     (spec,) = get_specs(["square"])
     gen = torch.Generator().manual_seed(0)
-    samples = sum(len(list(spec.samples(torch.device("cpu"), d, gen))) for d in spec.dtypes)
+    # Every sample, and the small ones again with special values.
+    cpu = torch.device("cpu")
+    samples = sum(1 + (with_special_values(spec, s, d, gen) is not None) for d in spec.dtypes for s in spec.samples(cpu, d, gen))
     res = opforge_cli("check", "square", "--device", "cpu", "--seed", "1", "--checks", "reference", "--seeds", "2", "--report")
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"pass ({2 * samples})" in res.stdout and "per case" in res.stdout and "float16 [offset 1, 1025]" in res.stdout
@@ -144,6 +218,35 @@ def test_build_a_user_folder_by_a_torch_library_route(tmp_path, route):
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 1 and "nope" in res.stderr, res.stderr
     assert ("b.cpp:1:" if route != "inline" else "broken_op.cpp:1:") in res.stderr
+
+
+def test_build_of_a_folder_that_registers_no_operator_fails_with_a_hint(tmp_path, monkeypatch, capsys):
+    from opforge.cli import main
+
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OPFORGE_BUILD_CUDA", "0")
+    # A seed-style pybind11 module with its name written out: refused before any compiler runs.
+    pybind = tmp_path / "mymod"
+    pybind.mkdir()
+    (pybind / "mymod.cpp").write_text(
+        '#include <torch/extension.h>\nstatic int twice(int x) { return 2 * x; }\nPYBIND11_MODULE(mymod, m) { m.def("twice", &twice); }\n'
+    )
+    assert main(["build", str(pybind)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    refused = "opforge build: mymod would register no operator in torch.ops: mymod.cpp:3 declares PYBIND11_MODULE(mymod, m)"
+    assert err.startswith(refused), err
+    assert "TORCH_LIBRARY(<namespace>, m)" in err and "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) and build with --route pybind" in err
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("mymod-*")), "nothing was compiled"
+    # Sources that register nothing in any way the sources show: built (one line), loaded, then refused.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "plain.cpp").write_text("int plain_answer() { return 42; }\n")
+    assert main(["build", str(plain)]) == 1
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert "loaded into torch.ops" not in captured.out
+    assert "opforge build: plain: built and loaded" in err and "but it registers no operator" in err, err
+    assert "TORCH_LIBRARY(<namespace>, m)" in err and "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), builds with --route pybind" in err
 
 
 @pytest.mark.slow

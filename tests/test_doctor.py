@@ -157,6 +157,15 @@ def test_forcing_cuda_with_a_cpu_torch_is_an_error(monkeypatch):
     assert report.gpu.build_cuda is None and report.library.key is None
 
 
+def test_build_cuda_that_is_neither_on_nor_off_is_an_error(monkeypatch):
+    monkeypatch.setenv("OPFORGE_BUILD_CUDA", "maybe")
+    report = collect()
+    [problem] = [p for p in report.problems if p.severity == "error"]
+    assert problem.message == "OPFORGE_BUILD_CUDA='maybe' is neither on nor off"
+    assert problem.fix.startswith("set it to 1 or 0")
+    assert report.gpu.build_cuda is None and report.library.key is None
+
+
 # Holds an flock on argv[1] as a build does, until its stdin closes.
 _HOLDER = (
     "import fcntl, os, sys\n"
@@ -224,6 +233,28 @@ def test_group_writable_cache_is_a_problem(clean_env):
     assert f"chmod 700 {clean_env}" in problem.fix
     clean_env.chmod(0o700)
     assert collect().problems == []
+
+
+def test_world_writable_cache_is_an_error(clean_env, capsys):
+    # `import opforge` refuses to load from it: the doctor must not pass it with a warning.
+    clean_env.mkdir()
+    clean_env.chmod(0o777)
+    try:
+        report = collect()
+        [problem] = [p for p in report.problems if "writable by others" in p.message]
+        assert problem.severity == "error" and "(mode 0777)" in problem.message and f"chmod 700 {clean_env}" in problem.fix
+        assert run(as_json=True) == 1
+    finally:
+        clean_env.chmod(0o700)
+    assert json.loads(capsys.readouterr().out)["problems"][0]["severity"] == "error"
+
+
+def test_cache_that_is_a_file_is_an_error_with_a_fix(clean_env):
+    clean_env.write_text("")
+    [problem] = collect().problems
+    assert problem.severity == "error"
+    assert problem.message == f"OPFORGE_CACHE_DIR={clean_env} is a file, not a directory"
+    assert problem.fix.startswith("set OPFORGE_CACHE_DIR to a directory you can write")
 
 
 def test_gpus_with_a_cpu_torch_are_a_warning(monkeypatch):

@@ -204,3 +204,130 @@ def test_wheel_installs_and_passes_the_cpu_tests_in_a_fresh_venv(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-4000:]
     assert " passed" in res.stdout.splitlines()[-1]
+
+
+# A second copy of a library registers its operators again from static
+# initialisers, which aborts the process: each load runs in a process of its own.
+_LOAD_SECOND = """
+import sys
+
+import opforge
+
+try:
+    opforge.load_library(sys.argv[1])
+except RuntimeError as exc:
+    print("refused:", exc)
+else:
+    print("loaded")
+"""
+
+
+def _python(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
+
+
+def _copy_of_the_op_library(tmp_path: Path) -> Path:
+    """The op library under the name the CMake route gives it: the same operators, another file."""
+    from .conftest import LIBRARY
+
+    copy = tmp_path / "libopforge_ops.so"
+    shutil.copyfile(LIBRARY.path, copy)
+    return copy
+
+
+def test_op_library_registrations_are_read_from_its_symbols():
+    from opforge.build.registrations import torch_library_registrations
+
+    from .conftest import LIBRARY
+
+    regs = torch_library_registrations(LIBRARY.path)
+    assert regs is not None and regs["opforge"] == {"fragment", "impl"}, regs
+
+
+def test_second_copy_of_the_op_library_is_refused_not_aborted(tmp_path):
+    from .conftest import LIBRARY
+
+    copy = _copy_of_the_op_library(tmp_path)
+    res = _python(_LOAD_SECOND, str(copy), env={"OPFORGE_LIBRARY": "auto"})
+    assert res.returncode == 0, f"rc {res.returncode}: {res.stderr[-2000:]}"
+    out = res.stdout
+    assert out.startswith(f"refused: opforge: refusing to load {copy}: it registers opforge::add"), out
+    assert "operator namespace 'opforge'" in out and f"which {LIBRARY.path} already registered" in out, out
+    assert f"set OPFORGE_LIBRARY={copy} before `import opforge`" in out, out
+
+
+def test_a_library_already_imported_as_a_module_loads_again(tmp_path):
+    """The same file imported as a Python extension first (as examples/gemm does): dlopen hands
+    back that copy, nothing registers twice, so it is no clash."""
+    from .conftest import LIBRARY
+
+    copy = tmp_path / LIBRARY.path.name  # its PyInit_ function is named after the file
+    shutil.copyfile(LIBRARY.path, copy)
+    code = (
+        "import importlib.util, sys, torch, opforge\n"
+        "spec = importlib.util.spec_from_file_location(sys.argv[1].rsplit('/', 1)[1].split('.')[0], sys.argv[1])\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "assert not torch.ops.loaded_libraries and torch.ops.opforge.add(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]\n"
+    )
+    res = _python(code + _LOAD_SECOND, str(copy), env={"OPFORGE_NO_AUTOLOAD": "1"})
+    assert res.returncode == 0, f"rc {res.returncode}: {res.stderr[-2000:]}"
+    assert res.stdout.strip() == "loaded", res.stdout
+
+
+def test_opforge_library_env_loads_that_library_instead(tmp_path):
+    from .conftest import LIBRARY
+
+    copy = _copy_of_the_op_library(tmp_path)
+    code = "import opforge, torch\nlib = opforge.library\nprint(lib.route, lib.path, opforge.add(torch.ones(3), torch.ones(3)).tolist())\n"
+    res = _python(code + _LOAD_SECOND, str(LIBRARY.path), env={"OPFORGE_LIBRARY": str(copy)})
+    assert res.returncode == 0, f"rc {res.returncode}: {res.stderr[-2000:]}"
+    first, second = res.stdout.splitlines()[:2]
+    assert first == f"file {copy} [2.0, 2.0, 2.0]"
+    assert second.startswith(f"refused: opforge: refusing to load {LIBRARY.path}: it registers opforge::add"), second
+    assert f"which {copy} already registered" in second
+
+
+def test_opforge_library_env_naming_no_file_is_an_error(tmp_path, monkeypatch):
+    from opforge import doctor
+
+    named = tmp_path / "build" / "libopforge_ops.so"
+    monkeypatch.setenv("OPFORGE_LIBRARY", str(named))
+    assert pb.library_mode() == "file" and pb.choose_prebuilt() == (None, f"OPFORGE_LIBRARY={named}")
+    with pytest.raises(BuildError, match=rf"OPFORGE_LIBRARY={named} names no file"):
+        pb.load_op_library()
+    report = doctor.collect()
+    assert report.library.route == "OPFORGE_LIBRARY" and report.library.entry_path == str(named) and report.library.state == "missing"
+    assert f"OPFORGE_LIBRARY={named} names no file" in [p.message for p in report.errors]
+    named.parent.mkdir()
+    named.write_bytes(b"\x7fELF")
+    report = doctor.collect()
+    assert report.library.state == "built" and not [p for p in report.errors if "OPFORGE_LIBRARY" in p.message]
+
+
+def test_second_torch_library_of_a_namespace_is_refused_not_aborted(tmp_path, monkeypatch):
+    """Two copies of one tiny TORCH_LIBRARY: the second defines the namespace again."""
+    from opforge.build import BuildConfig, build_library
+
+    shared_cache = os.environ["OPFORGE_CACHE_DIR"]  # the op library's, for the subprocess
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "edge_twice.cpp"
+    src.write_text(
+        "#include <torch/library.h>\n"
+        "static int64_t twice(int64_t x) { return 2 * x; }\n"
+        'TORCH_LIBRARY(opforge_edge_twice, m) { m.def("twice(int x) -> int", &twice); }\n'
+    )
+    built = build_library(BuildConfig(name="opforge_edge_twice", sources=(src,), include_dirs=(tmp_path,), cflags=("-O0",)), quiet=True)
+    first, second = tmp_path / "first" / built.path.name, tmp_path / "second" / built.path.name
+    for copy in (first, second):
+        copy.parent.mkdir(mode=0o700)
+        shutil.copyfile(built.path, copy)
+    code = "import sys, torch, opforge\nopforge.load_library(sys.argv[2])\nprint(torch.ops.opforge_edge_twice.twice(21))\n"
+    res = _python(code + _LOAD_SECOND, str(second), str(first), env={"OPFORGE_CACHE_DIR": shared_cache})
+    assert res.returncode == 0, f"rc {res.returncode}: {res.stderr[-2000:]}"
+    assert res.stdout.splitlines()[0] == "42"
+    refused = res.stdout.splitlines()[1]
+    assert refused.startswith(f"refused: opforge: refusing to load {second}: it registers opforge_edge_twice::twice"), refused
+    assert f"operator namespace 'opforge_edge_twice'), which {first} already registered" in refused
+    assert "OPFORGE_LIBRARY" not in refused, "the variable names opforge's own library only"

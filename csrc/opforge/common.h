@@ -202,6 +202,9 @@ inline void writes_arguments_autograd(const c10::OperatorHandle& op, c10::Dispat
                 writes ? "writes into it" : "writes into an argument",
                 " and has no derivative (as torch's out= functions). Call it under "
                 "torch.no_grad(), on detached tensors, or use the functional form");
+    TORCH_CHECK_NOT_IMPLEMENTED(!t._fw_grad(/*level=*/0).defined(), schema.name(), ": ", args[i].name(),
+                                " has a tangent, but forward-mode AD is not supported by an operator that "
+                                "writes an argument (as torch's out= functions)");
     if (writes) written.push_back(t);
   }
   {

@@ -233,6 +233,7 @@ bool push_argument(Kind kind, PyObject* arg, bool grad_mode, torch::jit::Stack& 
       if (!THPVariable_CheckExact(arg)) return false;  // subclasses, None, numbers: the full path decides
       const at::Tensor& t = THPVariable_Unpack(arg);
       if (grad_mode && t.requires_grad()) return false;
+      if (t._fw_grad(/*level=*/0).defined()) return false;  // a tangent: forward AD, as torch's isFwGradDefined
       stack.emplace_back(t);
       return true;
     }

@@ -9,7 +9,6 @@ from the folder that holds csrc/ and examples/, so that every source path is
 relative to it; OPFORGE_BUILD_CUDA=1 builds the CUDA kernels too.
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,9 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_build import gemm_config, setup_dir
 from setuptools import setup
 
+from opforge.build import build_cuda_flag
 from opforge.build.setuptools_ext import BuildExtension, extension
 
-cfg = gemm_config("gemm_setuptools", with_cuda=os.environ.get("OPFORGE_BUILD_CUDA") == "1")
+cfg = gemm_config("gemm_setuptools", with_cuda=bool(build_cuda_flag()))
 setup(
     name="gemm-setuptools",
     version="0.1",

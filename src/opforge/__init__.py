@@ -4,7 +4,8 @@ Importing opforge loads its compiled op library into ``torch.ops.opforge``:
 the one ``pip install`` built (``opforge._C``) when it fits this torch, these
 sources and these GPUs, else a JIT build on first use (cached under
 ``~/.cache/opforge`` or ``OPFORGE_CACHE_DIR``); ``OPFORGE_LIBRARY=jit|prebuilt``
-forces one, registers each operator's fake kernel and autograd
+forces one, and ``OPFORGE_LIBRARY=<path>`` loads a build of another route (CMake's
+``build/libopforge_ops.so``) instead; registers each operator's fake kernel and autograd
 formula from its spec, and exposes a public function per operator:
 ``opforge.add``, ``opforge.square``, ``opforge.axpby``, ``opforge.sigmoid``, ...
 

@@ -1,8 +1,9 @@
 """``opforge bench``: time each operator against PyTorch, on the same inputs,
 after checking that it is right, and against what the machine can do.
 
-* Verification first: every sample of the op against the float64 reference,
-  then each benchmark case's own output. A wrong kernel is refused, never timed.
+* Verification first: every sample of the op against the float64 reference
+  and every bad input of its spec, then each benchmark case's own output. A
+  wrong kernel, or one that takes bad inputs without a word, is refused, never timed.
 * GPU: CUDA events around each call on the current stream, the L2 cache flushed
   before each timed call (a buffer twice the L2 size is read), warm-up first.
   The GPU does not wait for Python between a start event and the call it times:
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from opforge.ceilings import Ceilings
-from opforge.check import check_reference, generator, run_reference
+from opforge.check import check_bad_inputs, check_reference, generator, run_reference
 from opforge.spec import OpSpec, Sample
 
 BENCH_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
@@ -340,6 +341,8 @@ class BenchReport:
     graph: bool = False
     ceilings: dict[str, Any] | None = None
     rows: list[BenchRow] = field(default_factory=list)
+    # Why the timings may not be the machine's (a busy CPU), said before them.
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -384,7 +387,41 @@ def _git_commit() -> str | None:
         return None
 
 
+def busy_machine(load_1min: float, usable_cores: int, threads: int) -> str | None:
+    """Why CPU timings taken now would measure waiting for the CPU, or None.
+
+    torch running more threads than the process may use cores, or other work
+    wanting the cores the bench's own threads need: the 1-minute load average
+    above the usable cores less those threads, plus one for this process,
+    which the load average counts while it probes. On a loaded 2-core machine
+    every size then took ~8 ms per call, with an IQR under 1 %: a time slice,
+    not the kernel."""
+    if threads > usable_cores:
+        return (
+            f"torch runs {threads} threads on {usable_cores} usable cores: they take turns, so the CPU timings measure the "
+            f"waiting (torch.set_num_threads({usable_cores}), or OMP_NUM_THREADS={usable_cores})"
+        )
+    if load_1min > usable_cores - threads + 1:
+        return (
+            f"the machine is busy: load average {load_1min:.1f} over the last minute on {usable_cores} usable cores, "
+            f"and the bench runs {threads} threads of its own, so the CPU timings include waiting for a core; "
+            "measure on an idle machine"
+        )
+    return None
+
+
+def cpu_contention() -> str | None:
+    """``busy_machine`` for this process now; None where the load average cannot be read."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return busy_machine(load, usable, torch.get_num_threads())
+
+
 def new_report(device: torch.device, *, graph: bool = False, ceilings: Ceilings | None = None) -> BenchReport:
+    busy = cpu_contention() if device.type == "cpu" else None
     return BenchReport(
         device=str(device),
         device_name=_device_name(device),
@@ -396,6 +433,7 @@ def new_report(device: torch.device, *, graph: bool = False, ceilings: Ceilings 
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         graph=graph,
         ceilings=asdict(ceilings) if ceilings else None,
+        warnings=[busy] if busy else [],
     )
 
 
@@ -498,8 +536,9 @@ def bench_op(
     """Rows for every (dtype, case) of the op (the cases named in ``only``,
     when given; with ``largest``, the largest of them only, by the op's cost
     model): timed if right, refused if not. ``verify=False`` skips the
-    check of every sample against the reference (for a caller that has just
-    run it); each case's own output is still checked before it is timed.
+    check of every sample against the reference and of every bad input (for a
+    caller that has just run them); each case's own output is still checked
+    before it is timed.
     ``compile_note``: why there is no torch.compile timing when ``compile`` is
     False. ``on_row`` is called with each row as soon as it is measured."""
     if verify:
@@ -507,6 +546,13 @@ def bench_op(
         verdict = check_reference(spec, device, seed)
         if not verdict.ok:
             row = BenchRow(spec.name, "-", "-", f"refused: fails its reference check ({verdict.failures[0]})")
+            on_row(row)
+            return [row]
+        # A kernel that reads past a smaller input or takes an int32 one would
+        # be timed on inputs it cannot refuse: not a number anyone should quote.
+        verdict = check_bad_inputs(spec, device, seed)
+        if not verdict.ok:
+            row = BenchRow(spec.name, "-", "-", f"refused: fails its bad-input check ({verdict.failures[0]})")
             on_row(row)
             return [row]
     timer = Timer(device)

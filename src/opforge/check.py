@@ -6,7 +6,11 @@ Checks per operator, all read from its spec:
 * reference: every sample, every dtype, fresh random data; outputs allocated by
   the operator are poisoned (NaN) before the run and out= arguments filled with
   NaN, so an element the kernel never writes is a mismatch; NaN/Inf where the
-  reference is finite count as mismatches; inputs must come back unchanged;
+  reference is finite count as mismatches; inputs must come back unchanged.
+  Then (unless the spec says ``special_values=False``) the small samples again
+  with NaN, +-Inf, +-0, subnormals and the dtype's largest finite values
+  written into their inputs: NaN must stay NaN where the reference gives NaN,
+  and an Inf must be the reference's, rounded to the output's dtype;
 * opcheck: ``torch.library.opcheck`` with its four test utils;
 * gradcheck: float64 ``torch.autograd.gradcheck`` (differentiable ops only):
   the whole Jacobian, element by element, on the sample with the fewest
@@ -14,6 +18,12 @@ Checks per operator, all read from its spec:
   offset) gradcheck's fast mode, which compares the Jacobian's product with
   random vectors, one backward and two forwards per sample instead of one per
   element (lltm's six samples on two cores: 1 s instead of 40);
+  the spec's ``jvp`` (forward-mode AD) against the same numerical Jacobian
+  where it has one;
+* gradgradcheck: float64 ``torch.autograd.gradgradcheck`` (differentiable ops
+  whose spec does not say ``double_backward=False``): the backward's own
+  derivative, on two samples only (it is the dearest check per sample): the
+  smallest whole, and the first non-contiguous one in fast mode;
 * compile: ``torch.compile(fullgraph=True)`` equal to eager, backward included;
 * bad inputs: each listed bad call raises the listed error, naming the op.
 """
@@ -32,13 +42,16 @@ import torch
 
 from opforge.spec import OpSpec, Sample
 
-CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "compile", "bad inputs")
+CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs")
 
 # gradcheck's numerical Jacobian costs one forward per input element.
 _GRADCHECK_MAX_NUMEL = 1100
 # opcheck runs each sample through several dispatch modes: a few layouts
 # already cover what it tests (schema, fake, autograd registration).
 _OPCHECK_MAX_NUMEL = 4096
+# Special values go into the small samples only: every layout, none of the
+# large ones (whose cost would double the reference check for nothing new).
+_SPECIAL_MAX_NUMEL = 4096
 
 
 @dataclass
@@ -110,18 +123,21 @@ class ErrorStats:
 
 
 def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> ErrorStats:
-    """Errors of ``out`` against ``ref``; an element is bad past ``atol + rtol * |ref|``,
-    and NaN or Inf where the reference is finite is always bad."""
+    """Errors of ``out`` against ``ref``; an element is bad past ``atol + rtol * |ref|``.
+    NaN where the reference is NaN matches, and so does an Inf equal to the
+    reference rounded to ``out``'s dtype (a float64 result past float16's range
+    is float16's Inf, as in a kernel that rounds once); any other NaN or Inf, in
+    either, is bad."""
     o = out.detach().to(torch.float64).cpu()
     r = ref.detach().to(torch.float64).cpu()
     if o.numel() == 0:
         return ErrorStats(0.0, 0.0, 0, 0, None)
-    err = (o - r).abs()
-    same_inf = torch.isinf(o) & torch.isinf(r) & (torch.sign(o) == torch.sign(r))
-    err = torch.where(same_inf, torch.zeros_like(err), err)
-    bad = ~(err <= atol + rtol * r.abs())  # NaN compares False: a mismatch
-    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
-    rel = err / r.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    r_out = ref.detach().cpu().to(out.dtype).to(torch.float64) if out.is_floating_point() else r
+    same = (torch.isnan(o) & torch.isnan(r)) | (torch.isinf(o) & (o == r_out))
+    err = torch.where(same, 0.0, (o - r).abs().nan_to_num(nan=math.inf, posinf=math.inf))
+    # A finite bound for finite values only: |finite - Inf| <= rtol * Inf would pass.
+    bad = ~(same | (torch.isfinite(o) & torch.isfinite(r) & (err <= atol + rtol * r.abs())))
+    rel = torch.where(err == 0, 0.0, err / r.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(nan=math.inf)
     stats = ErrorStats(float(err.max()), float(rel.max()), int(bad.sum()), o.numel(), None)
     if stats.n_bad:
         first = int(bad.flatten().nonzero()[0])
@@ -137,9 +153,12 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> s
     e = measure_error(out, ref, atol, rtol)
     if not e.n_bad:
         return None
+    got, want = f"{e.got:.6g}", f"{e.want:.6g}"
+    if got == want:  # off in a digit past the sixth (float64 rounded through float32): all of them
+        got, want = f"{e.got:.17g}", f"{e.want:.17g}"
     return (
         f"{e.n_bad}/{e.numel} elements off (atol {atol:g}, rtol {rtol:g}): first at {list(e.first_bad or ())} "
-        f"got {e.got:.6g} want {e.want:.6g}; max abs err {e.max_abs:.3g}, max rel err {e.max_rel:.3g}"
+        f"got {got} want {want}; max abs err {e.max_abs:.3g}, max rel err {e.max_rel:.3g}"
     )
 
 
@@ -194,9 +213,73 @@ def run_reference(
     if problems:
         return "; ".join(problems)
     for i, before in enumerate(inputs_before):
-        if before is not None and not torch.equal(before, args[i]):
+        if before is not None and not _unchanged(before, args[i]):
             return f"input {i} was modified by the operator"
     return None
+
+
+def _unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Equal element for element, a NaN where there was a NaN included (torch.equal says NaN != NaN)."""
+    if torch.equal(before, after):
+        return True
+    if not (before.is_floating_point() or before.is_complex()) or before.shape != after.shape:
+        return False
+    return bool(((before == after) | (before.isnan() & after.isnan())).all())
+
+
+def special_values(dtype: torch.dtype) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(values that may meet each other in one element: NaN, +-Inf, +-0;
+    values that meet only ordinary ones: the smallest subnormal and one more,
+    the largest finite values). A huge value beside an Inf or another huge value
+    would test the order of a kernel's float32 operations (3 * max - 3 * max is
+    NaN in float32, 0 in the float64 reference), not the kernel."""
+    fi = torch.finfo(dtype)
+    subnormal = fi.tiny * fi.eps
+    return (math.nan, math.inf, -math.inf, 0.0, -0.0), (subnormal, -subnormal, fi.tiny / 2, fi.max, -fi.max)
+
+
+def _copy_with_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its strides and storage offset: a transposed,
+    strided or offset view stays one, and the kernel meets the same layout."""
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    base = torch.zeros(t.storage_offset() + span, dtype=t.dtype, device=t.device)
+    return base.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(t)
+
+
+def with_special_values(spec: OpSpec, sample: Sample, dtype: torch.dtype, gen: torch.Generator) -> Sample | None:
+    """A copy of ``sample`` with special values written into its floating inputs
+    (each laid out as before; ``sample`` itself is left as it is), or None where
+    there is nowhere to write them (no floating input, an empty or large one,
+    or one whose elements share memory). Per element of inputs of one shape:
+    half left as drawn; a quarter with one input (chosen at random) given any
+    special value; a quarter with every input given NaN, +-Inf or +-0. Inputs
+    of different shapes are treated each alone."""
+    mutated = set(spec.mutated_args)
+    positions = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor) and a.is_floating_point() and i not in mutated]
+    originals = Sample(tuple(sample.args[i] for i in positions))
+    if not positions or not _small(originals, _SPECIAL_MAX_NUMEL) or _self_overlapping(originals):
+        return None
+    args = list(sample.args)
+    for i in positions:
+        args[i] = _copy_with_layout(sample.args[i].detach())
+    inputs = [args[i] for i in positions]
+    device = inputs[0].device
+    meeting, alone = (torch.tensor(v, dtype=torch.float64, device=device) for v in special_values(dtype))
+    every = torch.cat([meeting, alone])
+    groups = [inputs] if all(t.shape == inputs[0].shape for t in inputs) else [[t] for t in inputs]
+
+    def pick(values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        return values[torch.randint(0, len(values), shape, generator=gen, device=device)].to(dtype)
+
+    with torch.no_grad():
+        for group in groups:
+            shape = group[0].shape
+            mode = torch.randint(0, 4, shape, generator=gen, device=device)
+            chosen = torch.randint(0, len(group), shape, generator=gen, device=device)
+            for k, t in enumerate(group):
+                value = torch.where(mode == 3, pick(meeting, shape), pick(every, shape))
+                t.copy_(torch.where((mode == 3) | ((mode == 2) & (chosen == k)), value, t))
+    return Sample(tuple(args), sample.kwargs, f"{sample.desc}, special values")
 
 
 def _sample_label(spec: OpSpec, dtype: torch.dtype, sample: Sample) -> str:
@@ -208,27 +291,48 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[0] if msg else ''}"
 
 
+def reference_cases(spec: OpSpec, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[tuple[Sample, bool]]:
+    """What the reference check runs in one dtype: (sample, False) for each of the
+    spec's samples, each followed by (its copy with special values, True) where
+    ``with_special_values`` gives one and the spec does not opt out."""
+    for sample in spec.samples(device, dtype, gen):
+        # Drawn before the plain run, which might write into an input.
+        special = with_special_values(spec, sample, dtype, gen) if spec.special_values else None
+        yield sample, False
+        if special is not None:
+            yield special, True
+
+
 def check_reference(
     spec: OpSpec, device: torch.device, seed: int, seeds: int = 1, reference_device: torch.device | str | None = None
 ) -> CheckResult:
-    """Every sample in every dtype, with ``seeds`` fresh draws each (seed, seed+1, ...);
-    ``worst`` keeps the largest error per case ("dtype [layout]") across them."""
+    """Every sample in every dtype, with ``seeds`` fresh draws each (seed, seed+1, ...),
+    then the small ones with special values (``with_special_values``) unless the
+    spec opts out; ``worst`` keeps the largest error per case ("dtype [layout]")
+    across them. A special-values case enters ``worst`` only with a mismatch:
+    beside a largest finite value, an ordinary one's exact sum is off by an
+    absolute error of its own size, which says nothing about precision."""
     res = CheckResult(spec.name, "reference", "pass")
+
+    def run(sample: Sample, dtype: torch.dtype, k: int, special: bool) -> None:
+        res.count += 1
+        errors: list[ErrorStats] = []
+        try:
+            problem = run_reference(spec, sample, dtype, errors, reference_device)
+        except Exception as exc:  # noqa: BLE001 - report, keep checking
+            problem = _first_line(exc)
+        case = f"{str(dtype).removeprefix('torch.')} [{sample.desc}]"
+        for e in errors:
+            if not special or e.n_bad:
+                res.worst[case] = res.worst[case].worse(e) if case in res.worst else e
+        if problem:
+            res.failures.append(f"{_sample_label(spec, dtype, sample)} (seed {seed + k}): {problem}")
+
     for k in range(seeds):
         gen = generator(device, seed + k)
         for dtype in spec.dtypes:
-            for sample in spec.samples(device, dtype, gen):
-                res.count += 1
-                errors: list[ErrorStats] = []
-                try:
-                    problem = run_reference(spec, sample, dtype, errors, reference_device)
-                except Exception as exc:  # noqa: BLE001 - report, keep checking
-                    problem = _first_line(exc)
-                case = f"{str(dtype).removeprefix('torch.')} [{sample.desc}]"
-                for e in errors:
-                    res.worst[case] = res.worst[case].worse(e) if case in res.worst else e
-                if problem:
-                    res.failures.append(f"{_sample_label(spec, dtype, sample)} (seed {seed + k}): {problem}")
+            for sample, special in reference_cases(spec, device, dtype, gen):
+                run(sample, dtype, k, special)
     res.status = "fail" if res.failures else "pass"
     return res
 
@@ -284,9 +388,41 @@ def check_gradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResul
         sample = _with_grad(spec, sample)
         res.count += 1
         try:
-            ok = torch.autograd.gradcheck(lambda *a, s=sample: spec.overload(*a, **s.kwargs), sample.args, fast_mode=i != whole)
+            ok = torch.autograd.gradcheck(
+                lambda *a, s=sample: spec.overload(*a, **s.kwargs),
+                sample.args,
+                fast_mode=i != whole,
+                check_forward_ad=spec.jvp is not None,
+            )
             if not ok:
                 res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: gradcheck returned False")
+        except Exception as exc:  # noqa: BLE001
+            res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: {_first_line(exc)}")
+    res.status = "fail" if res.failures else "pass"
+    return res
+
+
+def check_gradgradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    if not spec.differentiable:
+        return CheckResult(spec.name, "gradgradcheck", "n/a", note="no autograd formula")
+    if not spec.double_backward:
+        return CheckResult(spec.name, "gradgradcheck", "n/a", note="double backward unsupported")
+    res = CheckResult(spec.name, "gradgradcheck", "pass")
+    gen = generator(device, seed)
+    samples = [s for s in spec.samples(device, torch.float64, gen) if _small(s, _GRADCHECK_MAX_NUMEL) and not _self_overlapping(s)]
+    if not samples:
+        return CheckResult(spec.name, "gradgradcheck", "n/a", note="no sample small enough")
+    smallest = min(samples, key=lambda s: sum(t.numel() for t in _tensors(s.args)))
+    strided = next((s for s in samples if not all(t.is_contiguous() for t in _tensors(s.args))), None)
+    for sample, fast in ((smallest, False), (strided, True)):
+        if sample is None or (fast and sample is smallest):
+            continue
+        sample = _with_grad(spec, sample)
+        res.count += 1
+        try:
+            ok = torch.autograd.gradgradcheck(lambda *a, s=sample: spec.overload(*a, **s.kwargs), sample.args, fast_mode=fast)
+            if not ok:
+                res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: gradgradcheck returned False")
         except Exception as exc:  # noqa: BLE001
             res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: {_first_line(exc)}")
     res.status = "fail" if res.failures else "pass"
@@ -361,6 +497,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
     "reference": check_reference,
     "opcheck": check_opcheck,
     "gradcheck": check_gradcheck,
+    "gradgradcheck": check_gradgradcheck,
     "compile": check_compile,
     "bad inputs": check_bad_inputs,
 }

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,6 +21,14 @@ from rich.table import Table
 _WIDTH = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
 out = Console(width=_WIDTH, soft_wrap=True)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, soft_wrap=True)
+
+
+def usage_error(message: str) -> NoReturn:
+    """A command line that asks for what is not there (an unknown operator,
+    check, case or path) or a value out of range: exit status 2, as argparse
+    gives its own usage errors, so that a script tells it from a failed check (1)."""
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def _library():  # noqa: ANN202
@@ -62,19 +70,20 @@ def _projects(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
     per directory, whether its library has CUDA kernels; and whether opforge's own
     op library is needed (no names, or a name that is not a package's)."""
     from opforge.build import BuildError
-    from opforge.project import ProjectError, find_project, load_project, not_a_project, project_library
+    from opforge.project import ProjectError, find_project, load_project, names_a_path, not_a_project, project_library
 
     expanded: list[str] = []
     cuda: dict[str, bool] = {}
     for n in names:
+        if not names_a_path(n):  # an operator's name, even where a folder of that name is here
+            expanded.append(n)
+            continue
         path = Path(n)
+        if not path.is_dir():
+            usage_error(f"opforge: {n}: {'not a directory' if path.exists() else 'no such directory'}")
         try:
-            project = find_project(path) if path.is_dir() else None
-            if project is None:
-                if os.sep in n or n in (".", ".."):  # a path, not an operator's name
-                    raise ProjectError(not_a_project(n) if path.is_dir() else f"{n}: no such directory")
-                expanded.append(n)
-                continue
+            if find_project(path) is None:
+                usage_error(f"opforge: {not_a_project(n)}")
             expanded += [s.qualname for s in load_project(path)]
         except ProjectError as exc:
             raise SystemExit(f"opforge: {exc}") from None
@@ -87,6 +96,7 @@ def _projects(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
 
 
 def _specs(names: Sequence[str], *, own_library: bool = True):  # noqa: ANN202
+    from opforge.project import names_a_path
     from opforge.spec import get_specs
 
     if own_library:
@@ -94,7 +104,10 @@ def _specs(names: Sequence[str], *, own_library: bool = True):  # noqa: ANN202
     try:
         return get_specs(names)
     except KeyError as exc:
-        raise SystemExit(f"opforge: {exc.args[0]}") from None
+        message = exc.args[0]
+        # `opforge check my_op` beside a folder my_op/ means the operator; say how to name the folder.
+        folders = [n for n in names if not names_a_path(n) and f"{n!r}" in message and Path(n).is_dir()]
+        usage_error(f"opforge: {message}" + "".join(f" ({n}/ is a folder here: write ./{n} for the package in it)" for n in folders))
 
 
 #: The dtypes the operators take, and the other names people type for them.
@@ -175,7 +188,7 @@ def build_project(path: Path) -> int:
 
 def print_library() -> int:
     lib = _library()
-    how = f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+    how = "named by OPFORGE_LIBRARY" if lib.route == "file" else f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
     out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
     return 0
 
@@ -185,16 +198,26 @@ def build_folder(path: Path, route: str) -> int:
     cached ninja build), inline (its files handed to opforge.build.inline as
     strings), setuptools (build_ext, as pip install would). A seed-style
     pybind11 module: pybind. Its own CMakeLists.txt: cmake."""
+    import torch
+
     from opforge import load_library as load_library_file
     from opforge.build import BuildError, folder_config, load_library
-    from opforge.build.inline import build_pybind_folder, inline
+    from opforge.build.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
+    from opforge.build.registrations import registers_nothing
 
     folder = path.resolve()
     if not folder.is_dir():
-        raise SystemExit(f"opforge build: {path} is not a folder")
+        usage_error(f"opforge build: {path} is not a folder")
+    if route in ("jit", "inline", "setuptools") and (why := pybind_instead_of_torch_library(folder)):
+        # Refused before compiling: the build would succeed and leave torch.ops without a single operator.
+        err.print(f"opforge build: {folder.name} would register no operator in torch.ops: {why}", highlight=False, markup=False)
+        return 1
+    ops_before = set(torch._C._dispatch_get_all_op_names())
     try:
         if route == "jit":
             lib = load_library(folder_config(folder))
+            if registers_nothing(lib.path, ops_before):
+                return _registered_nothing(folder, lib.path)
             how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
             out.print(f"{folder.name}: {lib.path} ({how}; loaded into torch.ops)")
         elif route == "inline":
@@ -209,12 +232,16 @@ def build_folder(path: Path, route: str) -> int:
                 extra_cuda_cflags=[f"-I{d}" for d in cfg.include_dirs],
                 implicit_headers=False,
             )
+            if registers_nothing(lib.path, ops_before):
+                return _registered_nothing(folder, lib.path)
             out.print(f"{folder.name}: {lib.path} (inline; loaded into torch.ops)")
         elif route == "setuptools":
             from opforge.build.setuptools_ext import build_folder as build_with_setuptools
 
             so = build_with_setuptools(folder)
             load_library_file(so)
+            if registers_nothing(so, ops_before):
+                return _registered_nothing(folder, so)
             out.print(f"{folder.name}: {so} (setuptools; loaded into torch.ops)")
         elif route == "pybind":
             module = build_pybind_folder(folder)
@@ -226,6 +253,18 @@ def build_folder(path: Path, route: str) -> int:
         err.print(str(exc), highlight=False, markup=False)
         return 1
     return 0
+
+
+def _registered_nothing(folder: Path, so: Path) -> int:
+    err.print(
+        f"opforge build: {folder.name}: built and loaded {so}, but it registers no operator (no TORCH_LIBRARY, "
+        "TORCH_LIBRARY_FRAGMENT or TORCH_LIBRARY_IMPL in its sources ran), so torch.ops has nothing of it. Register the "
+        "operators with TORCH_LIBRARY(<namespace>, m) { m.def(...); } and their kernels with TORCH_LIBRARY_IMPL; a pybind11 "
+        "module, declared as PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), builds with --route pybind",
+        highlight=False,
+        markup=False,
+    )
+    return 1
 
 
 def _build_cmake(folder: Path) -> int:
@@ -240,7 +279,7 @@ def _build_cmake(folder: Path) -> int:
     from opforge.build import cache_root, toolchain
 
     if not (folder / "CMakeLists.txt").is_file():
-        raise SystemExit(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
+        usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     if shutil.which("cmake") is None:
         raise SystemExit("opforge build: cmake is not on PATH (apt-get install cmake, or pip install cmake)")
     build = cache_root() / f"cmake-{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:16]}"
@@ -379,9 +418,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     for c in checks or ():
         if c not in CHECKS:
-            raise SystemExit(f"opforge: unknown check {c!r}; choose from {', '.join(CHECKS)}")
+            usage_error(f"opforge: unknown check {c!r}; choose from {', '.join(CHECKS)}")
     if args.seeds < 1:
-        raise SystemExit(f"opforge: --seeds must be at least 1, got {args.seeds}")
+        usage_error(f"opforge: --seeds must be at least 1, got {args.seeds}")
     return 0 if run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report, args.reference_on) else 1
 
 
@@ -434,7 +473,9 @@ def _case_key(name: str) -> tuple[int, str]:
 
 def _targets(names: Sequence[str], device_name: str) -> tuple[Any, list[Any]]:
     """The device and the specs of ``names`` (package directories loaded)."""
-    if any(Path(n).is_dir() for n in names):
+    from opforge.project import names_a_path
+
+    if any(names_a_path(n) and Path(n).is_dir() for n in names):
         _fast_path_for_packages()
     names, projects_cuda, own_library = _projects(names)
     device = _device(device_name, projects_cuda, own_library=own_library)
@@ -443,7 +484,7 @@ def _targets(names: Sequence[str], device_name: str) -> tuple[Any, list[Any]]:
 
 def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, *, verified: Sequence[str] = ()) -> Any:
     """The report of every op's cases, a line per case as each is timed.
-    ``verified``: qualified names whose reference check has just passed (not run again)."""
+    ``verified``: qualified names whose reference and bad-input checks have just passed (not run again)."""
     import torch
 
     from opforge import bench, ceilings
@@ -454,12 +495,14 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
         err.print(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})", highlight=False)
     ceil = ceilings.load_or_measure(device, name, remeasure=opts.remeasure)
     report = bench.new_report(device, graph=opts.graph, ceilings=ceil)
+    for warning in report.warnings:
+        err.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False)
     if opts.cases:
         known = {n for s in specs for n in bench.case_names(s, device, sweep=opts.sweep)}
         unknown = [c for c in opts.cases if c not in known]
         if unknown:
             what = "sweep cases" if opts.sweep else "cases"
-            raise SystemExit(f"opforge bench: no {what} named {', '.join(unknown)}; they are: {', '.join(sorted(known, key=_case_key))}")
+            usage_error(f"opforge bench: no {what} named {', '.join(unknown)}; they are: {', '.join(sorted(known, key=_case_key))}")
     compile_ = opts.compile if opts.compile is not None else device.type != "cpu"
     compile_note = "not asked (--no-compile)" if opts.compile is not None else COMPILE_NOT_ON_CPU
     plan = []
@@ -502,12 +545,15 @@ def write_outputs(report: Any, opts: BenchOptions) -> bool:
 
 
 def _print_notes(report: Any) -> None:
-    """Why a baseline has no timing, once per op, where it is not simply left out."""
+    """Why a baseline has no timing, once per op, where it is not simply left out; then
+    the report's warnings (a busy CPU)."""
     from opforge.report import COMPILE_NOT_ON_CPU
 
     notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items() if note != COMPILE_NOT_ON_CPU}
     for op, impl, note in sorted(notes):
         out.print(f"[yellow]{op}: no {impl} timing: {escape(note)}[/]", highlight=False)
+    for warning in report.warnings:
+        out.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False)
 
 
 def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
@@ -564,10 +610,13 @@ def _mib(n: int) -> str:
 def cmd_cache_list(args: argparse.Namespace) -> int:
     import datetime
 
-    from opforge.build import cache, cache_root
+    from opforge.build import BuildError, cache, cache_root
 
-    found = cache.entries()
-    table = Table(title=f"opforge build cache: {cache_root()}")
+    try:
+        found = cache.entries()
+    except BuildError as exc:
+        raise SystemExit(str(exc)) from None
+    table = Table(title=f"opforge build cache: {cache_root(write=False)}")
     for col in ("entry", "state", "size", "built in", "last used"):
         table.add_column(col, justify="right" if col in ("size", "built in") else "left")
     for e in found:
@@ -586,11 +635,14 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clean(args: argparse.Namespace) -> int:
-    from opforge.build import cache
+    from opforge.build import BuildError, cache
 
     if args.older_than is not None and args.older_than < 0:
-        raise SystemExit(f"opforge: --older-than must be a number of days >= 0, got {args.older_than}")
-    removed, busy = cache.clean(args.older_than)
+        usage_error(f"opforge: --older-than must be a number of days >= 0, got {args.older_than}")
+    try:
+        removed, busy = cache.clean(args.older_than)
+    except BuildError as exc:
+        raise SystemExit(str(exc)) from None
     for e in removed:
         out.print(f"removed {e.path.name} ({_mib(e.size)})")
     for e in busy:
@@ -600,7 +652,7 @@ def cmd_cache_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from opforge.project import ProjectError, scaffold
+    from opforge.project import ProjectError, names_a_path, scaffold
 
     try:
         if args.torch_min is not None and not args.stable_abi:
@@ -622,7 +674,9 @@ def cmd_new(args: argparse.Namespace) -> int:
     op = f"torch.ops.{args.namespace or args.name}.{args.name}"
     out.print(f"the operator: {op}, softsign for a start; {root}/README.md says how to make it yours", highlight=False)
     out.print("next:", highlight=False)
-    for cmd in (f"opforge build {root}", f"opforge check {root}", f"opforge bench {root}", f"python -m pytest {root}/tests",
+    # check and bench take a bare name for an operator's: the package is named as a path.
+    where = str(root) if names_a_path(str(root)) else f"./{root}"
+    for cmd in (f"opforge build {root}", f"opforge check {where}", f"opforge bench {where}", f"python -m pytest {root}/tests",
                 f"pip install --no-build-isolation {root}"):  # fmt: skip
         out.print(f"  {cmd}", highlight=False)
     return 0
@@ -661,7 +715,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"opforge run on {device}, seed {seed} (rerun with --seed {seed}): check {len(specs)} operators, then time them", highlight=False
     )
     checked = check_ops(specs, device, seed, CHECKS)
-    verified = [q for q, rs in checked.items() if all(r.ok for r in rs if r.check == "reference")]
+    verified = [q for q, rs in checked.items() if all(r.ok for r in rs if r.check in ("reference", "bad inputs"))]
     report = bench_ops(specs, device, seed, opts, verified=verified)
     by_op = {s.qualname: [r for r in report.rows if r.op == s.name] for s in specs}
     out.print(summary_table(report, [SummaryOp(q, checked[q], by_op[q]) for q in checked]))
@@ -688,7 +742,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("ops", nargs="*", help="operators, or package directories of opforge new's (their operators); default: all")
+        sp.add_argument("ops", nargs="*",
+                        help="operators, or package directories of opforge new's given as paths (./my_op, my_op/: their "
+                             "operators); default: all")  # fmt: skip
         sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if a GPU is visible, else cpu")
         sp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, printed)")
 
@@ -712,9 +768,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp.set_defaults(fn=cmd_new)
     sp = sub.add_parser("list", help="list the operators and their schemas")
     sp.set_defaults(fn=cmd_list)
-    sp = sub.add_parser("check", help="verify operators: reference, opcheck, gradcheck, torch.compile, bad inputs")
+    sp = sub.add_parser("check", help="verify operators: reference, opcheck, gradcheck, gradgradcheck, torch.compile, bad inputs")
     common(sp)
-    sp.add_argument("--checks", default=None, help="comma-separated subset of: reference,opcheck,gradcheck,compile,bad inputs")
+    sp.add_argument(
+        "--checks", default=None, help="comma-separated subset of: reference,opcheck,gradcheck,gradgradcheck,compile,bad inputs"
+    )
     sp.add_argument("--seeds", type=int, default=1, help="K fresh seeds per sample for the reference check (default 1)")
     sp.add_argument("--report", action="store_true", help="the worst error per case, not per dtype")
     sp.add_argument(

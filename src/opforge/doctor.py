@@ -34,8 +34,9 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
-from opforge.build import BuildError, cache_root, cuda_archs, cuda_home, library_config, toolchain, want_cuda
+from opforge.build import BuildError, build_cuda_flag, cache_root, cuda_archs, cuda_home, library_config, toolchain, want_cuda
 from opforge.build import cache as build_cache
+from opforge.build.store import CacheDirError
 from opforge.build.toolchain import STATIC_FIX, Problem, compare_cuda_versions, parse_nvcc_version
 from opforge.build.toolchain import first_line as _first_line
 from opforge.build.toolchain import run as _run
@@ -138,7 +139,7 @@ class CacheInfo:
 
 @dataclass
 class LibraryInfo:
-    route: str = "JIT"  # "prebuilt" (opforge._C from pip install) or "JIT" (built into the cache)
+    route: str = "JIT"  # "prebuilt" (opforge._C from pip install), "JIT" (built into the cache) or "OPFORGE_LIBRARY"
     prebuilt: str = ""  # why the prebuilt library is, or is not, the one loaded
     key: str | None = None
     entry: str | None = None
@@ -388,12 +389,25 @@ def _gpus(problems: list[Problem]) -> GpuSection:
         sec.source = "torch.cuda"
 
     try:
-        sec.build_cuda = want_cuda()
-    except BuildError as exc:
-        problems.append(Problem("error", str(exc).removeprefix("opforge: "), "unset OPFORGE_BUILD_CUDA, or install a CUDA build of torch"))
-    flag = (sec.build_cuda_env or "").strip()
-    if flag in ("0", "1"):
-        sec.build_cuda_reason = f"OPFORGE_BUILD_CUDA={flag}"
+        flag = build_cuda_flag()
+    except BuildError:
+        problems.append(
+            Problem(
+                "error",
+                f"OPFORGE_BUILD_CUDA={sec.build_cuda_env!r} is neither on nor off",
+                "set it to 1 or 0 (or true/false, yes/no, on/off), or unset it",
+            )
+        )
+        flag = None
+    else:
+        try:
+            sec.build_cuda = want_cuda()
+        except BuildError as exc:
+            problems.append(
+                Problem("error", str(exc).removeprefix("opforge: "), "unset OPFORGE_BUILD_CUDA, or install a CUDA build of torch")
+            )
+    if flag is not None:
+        sec.build_cuda_reason = f"OPFORGE_BUILD_CUDA={(sec.build_cuda_env or '').strip()}"
     elif torch.version.cuda is None:
         sec.build_cuda_reason = "torch is a CPU build"
     else:
@@ -483,16 +497,11 @@ def _cache(problems: list[Problem]) -> CacheInfo:
     env = os.environ.get("OPFORGE_CACHE_DIR")
     info = CacheInfo(path=env or str(Path.home() / ".cache" / "opforge"))
     try:
-        # The same call a build makes: creates the directory (mode 0700) if missing.
-        root = cache_root()
-    except OSError as exc:
-        problems.append(
-            Problem(
-                "error",
-                f"the cache directory {info.path} cannot be created: {exc.strerror}",
-                "set OPFORGE_CACHE_DIR to a directory you can write",
-            )
-        )
+        # The call a build makes (creates the directory, mode 0700, if missing);
+        # whether it can be written is said below, with its owner and mode.
+        root = cache_root(write=False)
+    except CacheDirError as exc:
+        problems.append(Problem("error", exc.problem, exc.fix))
         return info
     info.path, info.exists = str(root), root.is_dir()
     st = root.stat()
@@ -507,11 +516,12 @@ def _cache(problems: list[Problem]) -> CacheInfo:
             )
         )
     elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        # An error, not a warning: `import opforge` refuses to load from it (check_safe_to_load).
         problems.append(
             Problem(
-                "warning",
+                "error",
                 f"the cache directory {root} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} "
-                f"(mode {info.mode}): they could replace the libraries this process loads",
+                f"(mode {info.mode}): they could replace the libraries this process loads, so opforge refuses to load them",
                 f"chmod 700 {root}",
             )
         )
@@ -546,13 +556,26 @@ def _library(problems: list[Problem], cache: CacheInfo) -> LibraryInfo:
     loaded = getattr(mod, "library", None)
     if loaded is not None:
         info.loaded_path = str(loaded.path)
-    from opforge.build.prebuilt import choose_prebuilt
+    from opforge.build.prebuilt import choose_prebuilt, library_file
 
     try:
         so, info.prebuilt = choose_prebuilt()
+        named = library_file()
     except BuildError as exc:
-        problems.append(Problem("error", str(exc).removeprefix("opforge: "), "set OPFORGE_LIBRARY to auto, prebuilt or jit"))
-        so, info.prebuilt = None, str(exc)
+        problems.append(
+            Problem("error", str(exc).removeprefix("opforge: "), "set OPFORGE_LIBRARY to auto, prebuilt, jit or the path of an op library")
+        )
+        so, info.prebuilt, named = None, str(exc), None
+    if named is not None:
+        info.route, info.entry, info.entry_path = "OPFORGE_LIBRARY", named.name, str(named)
+        info.state = "built" if named.is_file() else "missing"
+        if not named.is_file():
+            problems.append(
+                Problem("error", f"OPFORGE_LIBRARY={named} names no file", "build it (cmake --build build), or unset OPFORGE_LIBRARY")
+            )
+        if info.loaded_path and Path(info.loaded_path) != named:
+            info.note = "the loaded library is not the one a new process would load: the environment changed since"
+        return info
     if so is not None:
         info.route, info.state, info.entry, info.entry_path = "prebuilt", "built", so.name, str(so)
         info.with_cuda = "CUDA kernels" in info.prebuilt

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 ELF_MAGIC = b"\x7fELF"
+_SHT_SYMTAB = 2
 _SHT_DYNSYM = 11
 _SHT_DYNAMIC = 6
 _DT_NEEDED = 1
@@ -84,25 +85,53 @@ class _Layout:
         return struct.unpack(self.endian + fmt, data)
 
 
+def _section_headers(f: BinaryIO, path: Path) -> tuple[_Layout, list[tuple[int, int, int, int, int]]]:
+    """The file's layout and (type, offset, size, link, entsize) of each section."""
+    ident = f.read(16)
+    if len(ident) < 16 or ident[:4] != ELF_MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        raise ElfError(f"{path} is not a readable ELF file")
+    elf = _Layout("<" if ident[5] == 1 else ">", ident[4] == 2)
+    if elf.wide:
+        shoff, shentsize, shnum = _pick(elf.unpack(f, "HHIQQQIHHHHHH", 16), 5, 10, 11)
+        sh_fmt = "IIQQQQIIQQ"
+    else:
+        shoff, shentsize, shnum = _pick(elf.unpack(f, "HHIIIIIHHHHHH", 16), 5, 10, 11)
+        sh_fmt = "IIIIIIIIII"
+    if shoff == 0 or shnum == 0:
+        raise ElfError(f"{path} has no section headers: cannot find its symbols")
+    sections = []
+    for i in range(shnum):
+        s = elf.unpack(f, sh_fmt, shoff + i * shentsize)
+        sections.append((s[1], s[4], s[5], s[6], s[9]))
+    return elf, sections
+
+
+def symbol_table_names(path: Path) -> tuple[str, ...] | None:
+    """Every name in the full symbol table (``.symtab``), the file-local
+    (``static``) symbols included, which ``.dynsym`` leaves out; None when the
+    library was stripped of it. Raises ElfError for a file that is no ELF."""
+    if not is_elf(path):
+        raise ElfError(f"{path} is not an ELF file")
+    with path.open("rb") as f:
+        elf, sections = _section_headers(f, path)
+        symtab = next((s for s in sections if s[0] == _SHT_SYMTAB), None)
+        if symtab is None or symtab[3] >= len(sections):
+            return None
+        strtab = sections[symtab[3]]
+        f.seek(strtab[1])
+        strings = f.read(strtab[2])
+        f.seek(symtab[1])
+        table = f.read(symtab[2])
+    entsize = symtab[4] or (24 if elf.wide else 16)
+    # Each symbol's name offset (its first field): the linker shares one string
+    # between names that end alike, so splitting the table would miss some.
+    offsets = {o for (o,) in struct.iter_unpack(f"{elf.endian}I{entsize - 4}x", table[: len(table) - len(table) % entsize])}
+    return tuple(sorted(name for name in (_cstring(strings, o) for o in offsets if o) if name))
+
+
 def _read_elf(path: Path) -> DynamicSymbols:
     with path.open("rb") as f:
-        ident = f.read(16)
-        if len(ident) < 16 or ident[:4] != ELF_MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
-            raise ElfError(f"{path} is not a readable ELF file")
-        elf = _Layout("<" if ident[5] == 1 else ">", ident[4] == 2)
-        if elf.wide:
-            shoff, shentsize, shnum = _pick(elf.unpack(f, "HHIQQQIHHHHHH", 16), 5, 10, 11)
-            sh_fmt = "IIQQQQIIQQ"
-        else:
-            shoff, shentsize, shnum = _pick(elf.unpack(f, "HHIIIIIHHHHHH", 16), 5, 10, 11)
-            sh_fmt = "IIIIIIIIII"
-        if shoff == 0 or shnum == 0:
-            raise ElfError(f"{path} has no section headers: cannot find its dynamic symbols")
-        # (type, offset, size, link, entsize) of each section
-        sections = []
-        for i in range(shnum):
-            s = elf.unpack(f, sh_fmt, shoff + i * shentsize)
-            sections.append((s[1], s[4], s[5], s[6], s[9]))
+        elf, sections = _section_headers(f, path)
         dynsym = next((s for s in sections if s[0] == _SHT_DYNSYM), None)
         if dynsym is None:
             raise ElfError(f"{path} has no dynamic symbol table: not a shared library (an object file or a static binary?)")
@@ -158,4 +187,4 @@ def demangle(names: list[str]) -> dict[str, str]:
     return dict(zip(names, lines, strict=True))
 
 
-__all__ = ["ELF_MAGIC", "DynamicSymbols", "ElfError", "demangle", "is_elf", "read_dynamic_symbols"]
+__all__ = ["ELF_MAGIC", "DynamicSymbols", "ElfError", "demangle", "is_elf", "read_dynamic_symbols", "symbol_table_names"]

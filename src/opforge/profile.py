@@ -716,12 +716,14 @@ def _package_ops(target: str) -> tuple[Path | None, list[str]] | int:
     new``'s is loaded (built on first use) and stands for its operators. An int
     is the exit status of a failed load, already reported."""
     from opforge.build import BuildError
-    from opforge.project import ProjectError, find_project, load_project, not_a_project
+    from opforge.project import ProjectError, find_project, load_project, names_a_path, not_a_project
 
     path = Path(target)
     try:
-        if not path.is_dir():
+        if not names_a_path(target):  # an operator's name, even where a folder of that name is here
             return None, [target]
+        if not path.is_dir():
+            raise ProjectError(f"{target}: {'not a directory' if path.exists() else 'no such directory'}")
         if find_project(path) is None:
             raise ProjectError(not_a_project(target))
         return path.resolve(), [s.qualname for s in load_project(path)]
@@ -760,7 +762,9 @@ def register_cli(subparsers: Any) -> None:
         "profile",
         help="profile one operator's kernels with Nsight Compute, or run compute-sanitizer over its checks (--sanitize)",
     )
-    sp.add_argument("op", nargs="+", help="operators, or package directories of opforge new's (each of their operators)")
+    sp.add_argument(
+        "op", nargs="+", help="operators, or package directories of opforge new's given as paths (./my_op, my_op/: each of their operators)"
+    )
     sp.add_argument("--case", default=None, help="benchmark case to profile, by name (e.g. 2^20; default: the largest)")
     sp.add_argument("--dtype", default="float32", help="dtype of the inputs (default float32)")
     sp.add_argument("--full", action="store_true", help="also save ncu's full report (.ncu-rep) in the current folder")

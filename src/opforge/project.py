@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import keyword
+import os
 import re
 import shutil
 import sys
@@ -280,6 +281,14 @@ def _import(project: Project):  # noqa: ANN202 - a module
     return importlib.import_module(project.package)
 
 
+def names_a_path(argument: str) -> bool:
+    """Whether a command-line argument names a package directory rather than
+    an operator: a path (``./add``, ``add/``, ``/abs/add``, ``.``, ``..``) or a
+    ``.py`` file. A bare name is always an operator's, even where a folder of
+    that name is in the current directory."""
+    return "/" in argument or os.sep in argument or argument in (".", "..") or argument.endswith(".py")
+
+
 def not_a_project(path: str | Path) -> str:
     return f"{path} is not an opforge package: no [tool.opforge] table in {Path(path) / 'pyproject.toml'} (opforge new makes one)"
 
@@ -317,6 +326,7 @@ __all__ = [
     "check_identifier",
     "find_project",
     "load_project",
+    "names_a_path",
     "not_a_project",
     "parse_torch_min",
     "project_library",

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from opforge import autograd
+
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 # (atol, rtol) per dtype, against a float64 reference. The kernels compute half
@@ -90,6 +92,20 @@ class OpSpec:
     # (atol, rtol) for one sample, where the error grows with its sizes (a
     # matmul's with K); ``tolerances`` when None.
     sample_tolerance: Callable[[Sample, torch.dtype], tuple[float, float]] | None = None
+    # The reference check also runs samples holding NaN, +-Inf, -0.0, subnormals
+    # and each dtype's largest finite values; False where the reference does not
+    # define what a kernel must give for them (say why at the spec).
+    special_values: bool = True
+    # gradgradcheck joins the checks for a differentiable op; False where its
+    # backward has no derivative of its own.
+    double_backward: bool = True
+    # Forward-mode AD: jvp(inputs, tangents, output) -> the output's tangent (a
+    # tuple for several outputs); tangents holds None for an input without one.
+    # Without it, a tangent raises an error naming the operator.
+    jvp: Callable[[tuple[Any, ...], tuple[Any, ...], Any], Any] | None = None
+    # Why an operator without ``backward`` has no derivative: the error a
+    # gradient through it raises says so.
+    no_derivative: str = ""
     doc: str = ""
     function: Callable[..., Any] = field(init=False, repr=False)
 
@@ -138,8 +154,7 @@ class OpSpec:
         """Python-side registrations: fake kernel, autograd, public function."""
         if self.fake is not None:
             torch.library.register_fake(self.qualname)(self.fake)
-        if self.backward is not None:
-            torch.library.register_autograd(self.qualname, self.backward, setup_context=self.setup_context)
+        autograd.register(self)
         self.function = _public_function(self)
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "BuildError",
     "Diagnostic",
     "Library",
+    "build_cuda_flag",
     "build_library",
     "cache_root",
     "check_safe_to_load",
@@ -49,15 +50,36 @@ def csrc_dir() -> Path:
     raise BuildError(f"opforge: the C++ sources are missing (looked in {here / '_csrc'} and {here.parent.parent / 'csrc'})")
 
 
+_YES = ("1", "true", "yes", "on")
+_NO = ("0", "false", "no", "off")
+
+
+def build_cuda_flag() -> bool | None:
+    """``OPFORGE_BUILD_CUDA``, the one place it is read: True or False when set
+    (1/0, true/false, yes/no, on/off, in any case), None when unset or empty.
+    Any other value is a BuildError: a typo must not quietly mean "off"."""
+    raw = os.environ.get("OPFORGE_BUILD_CUDA", "")
+    value = raw.strip().lower()
+    if not value:
+        return None
+    if value in _YES or value in _NO:
+        return value in _YES
+    raise BuildError(
+        f"opforge: OPFORGE_BUILD_CUDA={raw!r} is neither on nor off: set it to 1 or 0 (or true/false, yes/no, on/off), "
+        "or unset it for the default (CUDA kernels when torch has CUDA and nvcc is found)"
+    )
+
+
 def want_cuda() -> bool:
     """CUDA kernels are built when torch has CUDA and nvcc is found;
-    ``OPFORGE_BUILD_CUDA=0|1`` overrides (1 fails clearly if it cannot)."""
-    flag = os.environ.get("OPFORGE_BUILD_CUDA", "").strip()
-    if flag == "0":
+    ``OPFORGE_BUILD_CUDA`` (``build_cuda_flag``) overrides, and on fails clearly if it cannot."""
+    flag = build_cuda_flag()
+    if flag is False:
         return False
-    if flag == "1":
+    if flag:
         if torch.version.cuda is None:
-            raise BuildError("opforge: OPFORGE_BUILD_CUDA=1 but this torch build has no CUDA (torch.version.cuda is None)")
+            value = os.environ["OPFORGE_BUILD_CUDA"].strip()
+            raise BuildError(f"opforge: OPFORGE_BUILD_CUDA={value} but this torch build has no CUDA (torch.version.cuda is None)")
         return True
     if torch.version.cuda is None:
         return False

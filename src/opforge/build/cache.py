@@ -39,7 +39,7 @@ def _size(path: Path) -> int:
 def entries(root: Path | None = None) -> list[Entry]:
     """Everything in the cache: libraries (JIT, setuptools and cmake builds of
     user folders too), object directories, and ``inline/``'s source folders."""
-    root = root or cache_root()
+    root = root or cache_root(write=False)
     found = []
     inline = root / "inline"
     for d in sorted(inline.iterdir()) if inline.is_dir() else ():

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from opforge.build import cuda_archs, gencode_flags, op_sources, want_cuda
+from opforge.build import build_cuda_flag, cuda_archs, gencode_flags, op_sources, want_cuda
 from opforge.build.errors import BuildError
 from opforge.build.jit import BuildConfig, Library, cache_root, load_library, load_module
 
-__all__ = ["build_pybind_folder", "inline", "inline_config", "pybind_folder_config"]
+__all__ = ["build_pybind_folder", "inline", "inline_config", "pybind_folder_config", "pybind_instead_of_torch_library"]
 
 Functions = str | Sequence[str] | Mapping[str, str]
 
@@ -341,6 +341,32 @@ def _pybind_modules(text: str) -> list[tuple[str, str, int]]:
     return [(m[1], m[2], code.count("\n", 0, m.start()) + 1) for m in _PYBIND11_MODULE.finditer(code)]
 
 
+def pybind_instead_of_torch_library(folder: Path) -> str:
+    """What to do, when ``folder``'s files declare a pybind11 module and none
+    mentions TORCH_LIBRARY: built for torch.ops (which never imports a Python
+    module) it would load and register nothing. "" otherwise."""
+    files = sorted(p for p in folder.rglob("*") if p.suffix in (".cpp", ".cc", ".cxx", ".cu", *_HEADER_SUFFIXES) and p.is_file())
+    texts = {f: _strip_comments(f.read_text(errors="replace")) for f in files}
+    if any("TORCH_LIBRARY" in t for t in texts.values()):
+        return ""
+    found = [(f, *m) for f in files for m in _pybind_modules(texts[f])]
+    if not found:
+        return ""
+    f, module, var, line = found[0]
+    where = f"{f.relative_to(folder)}:{line}"
+    if module != "TORCH_EXTENSION_NAME":
+        return (
+            f"{where} declares PYBIND11_MODULE({module}, {var}), a Python module named {module!r} that nothing imports, and no "
+            "source registers an operator with TORCH_LIBRARY. For torch.ops, register the operators with "
+            "TORCH_LIBRARY(<namespace>, m) { m.def(...); } (their kernels with TORCH_LIBRARY_IMPL); to keep the pybind11 module, "
+            f"write PYBIND11_MODULE(TORCH_EXTENSION_NAME, {var}) and build with --route pybind"
+        )
+    return (
+        f"{where} declares a pybind11 module and no source registers an operator with TORCH_LIBRARY: build it with "
+        "--route pybind, or register the operators with TORCH_LIBRARY(<namespace>, m) { m.def(...); } for torch.ops"
+    )
+
+
 def _check_pybind_module(name: str, folder: Path, files: Sequence[Path]) -> None:
     """The module must be declared once, as PYBIND11_MODULE(TORCH_EXTENSION_NAME, m).
 
@@ -412,8 +438,8 @@ def _demangle(symbol: str) -> str:
 
 
 def _why_no_cuda() -> str:
-    if os.environ.get("OPFORGE_BUILD_CUDA", "").strip() == "0":
-        return "OPFORGE_BUILD_CUDA=0"
+    if build_cuda_flag() is False:
+        return f"OPFORGE_BUILD_CUDA={os.environ['OPFORGE_BUILD_CUDA'].strip()}"
     if torch.version.cuda is None:
         return "this torch is a CPU build (torch.version.cuda is None)"
     return "nvcc was not found (set CUDA_HOME)"

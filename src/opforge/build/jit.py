@@ -127,7 +127,8 @@ class Library:
     with_cuda: bool
     built_now: bool
     build_seconds: float | None
-    # "jit" (built into the cache) or "prebuilt" (opforge._C, built by pip install).
+    # "jit" (built into the cache), "prebuilt" (opforge._C, built by pip install) or
+    # "file" (a library built by another route, named by OPFORGE_LIBRARY).
     route: str = "jit"
 
 
@@ -168,8 +169,11 @@ def module_name(cfg: BuildConfig) -> str:
 
 def load_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
     """Builds ``cfg`` if needed, then loads it into torch.ops (TORCH_LIBRARY registrations run)."""
+    from opforge.build.registrations import refuse_clashes
+
     lib = build_library(cfg, quiet=quiet)
     check_safe_to_load(lib.path)
+    refuse_clashes(lib.path)
     torch.ops.load_library(str(lib.path))
     return lib
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from opforge.build.errors import BuildError
 from opforge.build.jit import BuildConfig, Library, check_safe_to_load
 
-#: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit.
+#: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;
+#: or the path of a library built by another route (CMake), loaded as opforge's own.
 MODES = ("auto", "prebuilt", "jit")
 
 
@@ -40,14 +41,19 @@ def explain_load_error(path: Path, message: str) -> str:
 def load_library_file(path: str | Path) -> Path:
     """Loads a TORCH_LIBRARY shared library built by any route into torch.ops.
 
-    It must belong to this user and be writable by no one else; loader errors
-    come back as a BuildError naming the cause and the fix."""
+    It must belong to this user and be writable by no one else, and register
+    no operator this process has already (a second copy of a library, or one
+    built by another route, would abort it); loader errors come back as a
+    BuildError naming the cause and the fix."""
     import torch
+
+    from opforge.build.registrations import refuse_clashes
 
     p = Path(path).resolve()
     if not p.is_file():
         raise BuildError(f"opforge: no library at {p}")
     check_safe_to_load(p, in_cache=False)
+    refuse_clashes(p)
     try:
         torch.ops.load_library(str(p))
     except OSError as exc:
@@ -62,10 +68,22 @@ def prebuilt_path() -> Path:
 
 
 def library_mode() -> str:
-    mode = os.environ.get("OPFORGE_LIBRARY", "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise BuildError(f"opforge: OPFORGE_LIBRARY={mode!r} is not one of {', '.join(MODES)}")
-    return mode
+    """One of MODES, or "file" when ``OPFORGE_LIBRARY`` names a library (``library_file``)."""
+    raw = os.environ.get("OPFORGE_LIBRARY", "auto").strip()
+    mode = raw.lower() or "auto"
+    if mode in MODES:
+        return mode
+    if "/" in raw or raw.endswith(".so"):
+        return "file"
+    raise BuildError(
+        f"opforge: OPFORGE_LIBRARY={raw!r} is not one of {', '.join(MODES)}, nor the path of an op library "
+        "(such as build/libopforge_ops.so)"
+    )
+
+
+def library_file() -> Path | None:
+    """The library ``OPFORGE_LIBRARY`` names for opforge's own operators, or None."""
+    return Path(os.environ["OPFORGE_LIBRARY"].strip()).expanduser().resolve() if library_mode() == "file" else None
 
 
 #: A package's sources as a build, given whether CUDA kernels are wanted (None: the default).
@@ -110,8 +128,9 @@ def choose_prebuilt() -> tuple[Path | None, str]:
     """opforge's own prebuilt library if it fits (``prebuilt_fits``), else None; the reason, in words."""
     from opforge.build import library_config
 
-    if library_mode() == "jit":
-        return None, "OPFORGE_LIBRARY=jit"
+    mode = library_mode()
+    if mode in ("jit", "file"):
+        return None, f"OPFORGE_LIBRARY={os.environ['OPFORGE_LIBRARY'].strip()}"
     so = prebuilt_path()
     ok, why = prebuilt_fits(so, lambda cuda: library_config(with_cuda=cuda))
     return (so if ok else None), why
@@ -149,16 +168,37 @@ def load_prebuilt(so: Path) -> Library:
 
 
 def load_op_library() -> Library:
-    """opforge's op library: the prebuilt one when it fits, else the JIT build."""
+    """opforge's op library: the one ``OPFORGE_LIBRARY`` names, else the
+    prebuilt one when it fits, else the JIT build."""
     from opforge.build import library_config
 
+    named = library_file()
+    if named is not None:
+        return load_named_library(named)
     return load_package_library(prebuilt_path(), lambda cuda: library_config(with_cuda=cuda), what="opforge")
+
+
+def load_named_library(path: Path) -> Library:
+    """A library of opforge's operators built by another route (CMake), as
+    ``OPFORGE_LIBRARY=<path>`` asks; with CUDA kernels if it registered any."""
+    import hashlib
+
+    import torch
+
+    if not path.is_file():
+        raise BuildError(f"opforge: OPFORGE_LIBRARY={path} names no file; build it (CMake: build/libopforge_ops.so) or unset it")
+    p = load_library_file(path)
+    ops = [q for q in torch._C._dispatch_get_all_op_names() if q.startswith("opforge::")]
+    with_cuda = any(torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA") for q in ops)
+    key = hashlib.sha256(p.read_bytes()).hexdigest()
+    return Library(path=p, key=key, with_cuda=with_cuda, built_now=False, build_seconds=None, route="file")
 
 
 def load_package_library(so: Path, sources: SourcesConfig | None, *, what: str) -> Library:
     """A package's op library, opforge's own or one of ``opforge new``'s: the
     prebuilt ``so`` when it fits (``prebuilt_fits``; ``OPFORGE_LIBRARY``
-    forces either way), else the JIT build of ``sources(None)``."""
+    forces either way), else the JIT build of ``sources(None)``. A path in
+    ``OPFORGE_LIBRARY`` names opforge's own library: a package chooses as in auto."""
     from opforge.build.jit import load_library
 
     mode = library_mode()
@@ -177,8 +217,10 @@ __all__ = [
     "SourcesConfig",
     "choose_prebuilt",
     "explain_load_error",
+    "library_file",
     "library_mode",
     "load_library_file",
+    "load_named_library",
     "load_op_library",
     "load_package_library",
     "load_prebuilt",

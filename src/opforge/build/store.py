@@ -13,18 +13,48 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from opforge.build.errors import BuildError
 
-def cache_root() -> Path:
-    """The per-user build cache (``OPFORGE_CACHE_DIR`` or ``~/.cache/opforge``)."""
+
+class CacheDirError(BuildError):
+    """The build cache directory cannot be used: ``problem`` names it, ``fix`` says what to do."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"opforge: {problem}: {fix}")
+        self.problem, self.fix = problem, fix
+
+
+def cache_root(*, write: bool = True) -> Path:
+    """The per-user build cache (``OPFORGE_CACHE_DIR`` or ``~/.cache/opforge``),
+    created (mode 0700) if missing. Raises CacheDirError when it is no
+    directory or cannot be made, or cannot be read (``write``: and written)."""
     env = os.environ.get("OPFORGE_CACHE_DIR")
     root = Path(env) if env else Path.home() / ".cache" / "opforge"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    named = f"OPFORGE_CACHE_DIR={env}" if env else f"the build cache {root}"
+    fix = "set OPFORGE_CACHE_DIR to a directory you can write"
+    try:
+        if root.exists() and not root.is_dir():
+            raise CacheDirError(f"{named} is a file, not a directory", f"{fix} (or remove the file)")
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheDirError(f"{named} cannot be created ({exc.strerror or exc})", fix) from None
+    wanted, what = (os.R_OK | os.W_OK | os.X_OK, "written") if write else (os.R_OK | os.X_OK, "read")
+    if not _accessible(root, wanted):
+        mode = f"{stat.S_IMODE(root.stat().st_mode):04o}"
+        raise CacheDirError(f"{named} cannot be {what} by you (mode {mode})", f"chmod 700 {root}, or {fix}")
     return root
+
+
+def _accessible(path: Path, mode: int) -> bool:
+    # Apart from cache_root so that a test run as root (whom os.access lets
+    # write anywhere) can stand in for a read-only directory.
+    return os.access(path, mode)
 
 
 @contextlib.contextmanager
@@ -80,4 +110,4 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["cache_root", "exclusive", "read_json", "shared", "write_json"]
+__all__ = ["CacheDirError", "cache_root", "exclusive", "read_json", "shared", "write_json"]

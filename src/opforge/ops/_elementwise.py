@@ -17,8 +17,11 @@ __all__ = ["expect_floating", "expect_out", "expect_same"]  # re-exported for th
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
-    """Fresh normal samples (never zeros), drawn in float32 and rounded to ``dtype``."""
-    return torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32).to(dtype)
+    """Fresh normal samples (never zeros) at ``dtype``'s full precision: float64
+    draws have all 53 bits of mantissa (float32 values widened would hide a kernel
+    that rounds through float32); the narrower types are drawn in float32 and rounded."""
+    draw = torch.float64 if dtype == torch.float64 else torch.float32
+    return torch.randn(tuple(shape), generator=gen, device=device, dtype=draw).to(dtype)
 
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -125,7 +128,7 @@ def result_like(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
 def like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """A fresh random tensor with ``t``'s shape, dtype, device and strides."""
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return out.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32))
+    return out.copy_(randn(t.shape, t.dtype, t.device, gen))
 
 
 def bench_sizes(device: torch.device, *, sweep: bool = False) -> tuple[int, ...]:

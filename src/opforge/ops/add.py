@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from opforge.autograd import add_tangents
 from opforge.ops._elementwise import (
     OUT_LAYOUTS,
     bad_elementwise,
@@ -85,9 +86,14 @@ def _bad_out(device: torch.device) -> list[BadInput]:
     return cases
 
 
+def _jvp(inputs, tangents, output):  # noqa: ANN001, ANN202
+    return add_tangents(*tangents)
+
+
 SPECS = [
     OpSpec(
         name="add",
+        jvp=_jvp,
         doc="a + b, elementwise, for two tensors of one shape, dtype and device.",
         reference=torch.add,
         samples=elementwise_samples(2),

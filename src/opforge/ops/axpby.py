@@ -82,9 +82,23 @@ def _samples_backward(device: torch.device, dtype: torch.dtype, gen: torch.Gener
         yield Sample((g, alpha, beta), desc=f"{desc}, alpha={alpha} beta={beta}")
 
 
+def _jvp(inputs, tangents, output):  # noqa: ANN001, ANN202
+    (_, _, alpha, beta), (t_x, t_y, _, _) = inputs, tangents
+    if t_x is not None and t_y is not None:
+        return torch.ops.opforge.axpby(t_x, t_y, alpha, beta)
+    return alpha * t_x if t_y is None else beta * t_y
+
+
+def _jvp_backward(inputs, tangents, output):  # noqa: ANN001, ANN202
+    # Linear in grad: the tangent goes through the operator itself.
+    (_, alpha, beta), (t_grad, _, _) = inputs, tangents
+    return torch.ops.opforge.axpby_backward(t_grad, alpha, beta)
+
+
 SPECS = [
     OpSpec(
         name="axpby",
+        jvp=_jvp,
         doc="alpha * x + beta * y, elementwise (seed 004's my_op is the default, 3x - y).",
         reference=_reference,
         samples=_samples,
@@ -100,6 +114,7 @@ SPECS = [
     ),
     OpSpec(
         name="axpby_backward",
+        jvp=_jvp_backward,
         doc="(alpha * grad, beta * grad): axpby's gradients with respect to x and y, in one pass over grad.",
         reference=lambda grad, alpha, beta: (alpha * grad, beta * grad),
         samples=_samples_backward,

@@ -264,9 +264,11 @@ def backward_args(cell: Cell, gen: torch.Generator, *, grad_gates: bool, layout:
     # Gradients of a batch-mean loss are O(1 / B) per row; 1 / sqrt(B) keeps
     # d_weights and d_bias, sums over the batch, O(1) at every batch size.
     scale = 1 / math.sqrt(max(B, 1))
+    # Scaled at the draw's precision (all of float64's bits for float64), rounded once.
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
 
     def grad(*shape: int) -> torch.Tensor:
-        return (randn(shape, torch.float32, device, gen) * scale).to(dtype)
+        return (randn(shape, wide, device, gen) * scale).to(dtype)
 
     if layout == "expanded grad_h, transposed grad_cell":
         # What y.sum().backward() hands in: one value, stride 0.
@@ -554,9 +556,14 @@ SPECS = [
         backward=_backward,
         setup_context=_setup_context,
         tolerances=TOLERANCES,
+        # Inputs go through a matmul (see gemm: special values there have no one answer).
+        special_values=False,
+        # lltm_backward has no autograd formula of its own.
+        double_backward=False,
     ),
     OpSpec(
         name="lltm_backward",
+        no_derivative="it is lltm_forward's gradient: lltm has no second derivative",
         doc=(
             "The LLTM cell's backward: (d_old_h, d_input, d_weights, d_bias, d_old_cell) from the gradients of new_h, "
             "new_cell and gates (each optional, None meaning zero), the saved new_cell and gates, and the inputs input, "
@@ -570,5 +577,7 @@ SPECS = [
         bench_cases=_bench(backward=True),
         fake=_fake_backward,
         tolerances=TOLERANCES_BACKWARD,
+        # Its gradients go through matmuls (see gemm: special values there have no one answer).
+        special_values=False,
     ),
 ]

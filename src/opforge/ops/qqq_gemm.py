@@ -385,6 +385,7 @@ def _linear_baseline(sample: Sample) -> tuple[Callable[..., Any], Sample]:
 SPECS = [
     OpSpec(
         name="qqq_gemm",
+        no_derivative="an inference kernel on quantised weights: train the float layer",
         doc="W4A8 GEMM: int8 activations [M, K] x packed int4 weights -> [M, N] (opforge.quant makes the arguments).",
         reference=reference,
         samples=_samples,
@@ -394,6 +395,9 @@ SPECS = [
         fake=_fake,
         dtypes=OUT_DTYPES,
         tolerances=TOLERANCES,
+        # Integer operands and positive finite scales, as opforge.quant makes them:
+        # a NaN or an Inf has no quantised form to feed it.
+        special_values=False,
         baselines={
             # What the quantised layer replaces: torch.matmul in float16 of the
             # same (dequantised) activations and weight, [K, N] row-major ...

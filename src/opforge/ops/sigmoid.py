@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
+from opforge.autograd import add_tangents
 from opforge.ops._elementwise import (
     bad_elementwise,
     bench_tensors,
@@ -75,9 +76,23 @@ def _bench_backward(sweep: bool) -> SampleFn:
     return cases
 
 
+def _jvp(inputs, tangents, output):  # noqa: ANN001, ANN202
+    return torch.ops.opforge.sigmoid_backward(tangents[0], output)
+
+
+def _jvp_backward(inputs, tangents, output):  # noqa: ANN001, ANN202
+    # d sigmoid_backward(grad, y) = y (1 - y) dgrad + grad (1 - 2y) dy
+    (grad, y), (t_grad, t_y) = inputs, tangents
+    return add_tangents(
+        None if t_grad is None else torch.ops.opforge.sigmoid_backward(t_grad, y),
+        None if t_y is None else t_y * grad * (1 - 2 * y),
+    )
+
+
 SPECS = [
     OpSpec(
         name="sigmoid",
+        jvp=_jvp,
         doc="1 / (1 + exp(-x)), elementwise; differentiable through opforge::sigmoid_backward.",
         reference=torch.sigmoid,
         # Scaled so the tails, where exp(-x) over- or underflows, are sampled too.
@@ -93,6 +108,7 @@ SPECS = [
     ),
     OpSpec(
         name="sigmoid_backward",
+        jvp=_jvp_backward,
         doc="grad * y * (1 - y): the gradient of sigmoid from its output y.",
         reference=lambda grad, y: grad * y * (1 - y),
         samples=_samples_backward,

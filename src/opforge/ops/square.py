@@ -29,9 +29,15 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return grad * 2 * x
 
 
+def _jvp(inputs, tangents, output):  # noqa: ANN001, ANN202
+    (x,), (t,) = inputs, tangents
+    return t * 2 * x
+
+
 SPECS = [
     OpSpec(
         name="square",
+        jvp=_jvp,
         doc="x * x, elementwise.",
         reference=lambda x: x * x,
         samples=elementwise_samples(1),

@@ -1,0 +1,103 @@
+"""Every operator's autograd kernel, from its spec: the reverse-mode formula
+(``backward`` / ``setup_context``, as ``torch.library.register_autograd`` takes
+them), forward-mode AD through the spec's ``jvp``, and a clear error wherever
+a derivative is missing.
+
+Without such a kernel the dispatcher's fallback lets a gradient or a tangent
+through an operator with a warning at most: backward returns nothing for the
+inputs and ``torch.func.jvp`` returns zeros. Here an operator without a
+``backward`` raises when its gradient is asked for, and one without a ``jvp``
+raises when it is given a tangent, each naming the operator.
+
+Operators that write an argument (out= forms) keep their C++ kernel
+(``OPFORGE_REGISTER_WRITES_ARGUMENTS``), which refuses both as torch's own
+out= functions do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.autograd.forward_ad as fwad
+from torch._library.autograd import Info, make_autograd_impl
+from torch._library.utils import fill_defaults
+
+if TYPE_CHECKING:
+    from opforge.spec import OpSpec
+
+# One fragment per namespace; a Library deregisters its kernels when collected.
+_LIBRARIES: dict[str, torch.library.Library] = {}
+
+
+def register(spec: OpSpec) -> None:
+    """Registers ``spec``'s autograd kernel (the Autograd dispatch key)."""
+    if spec.mutated_args:
+        return
+    backward = spec.backward if spec.backward is not None else _no_derivative(spec)
+    reverse = make_autograd_impl(spec.overload, Info(backward, spec.setup_context if spec.backward is not None else None))
+    names = [a.name for a in spec.schema.arguments]
+
+    def kernel(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        # Forward AD is on only inside a dual_level (torch.func.jvp enters one too).
+        if fwad._current_level >= 0:
+            tangents = tuple(fwad.unpack_dual(a).tangent if isinstance(a, torch.Tensor) else None for a in args)
+            if any(t is not None for t in tangents):
+                return _forward_mode(spec, reverse, keyset, args, kwargs, tangents, names)
+        return reverse(keyset, *args, **kwargs)
+
+    library = _LIBRARIES.get(spec.namespace)
+    if library is None:
+        library = _LIBRARIES[spec.namespace] = torch.library.Library(spec.namespace, "FRAGMENT")
+    library.impl(spec.name, kernel, "Autograd", with_keyset=True)
+
+
+def _no_derivative(spec: OpSpec) -> Callable[..., Any]:
+    def backward(ctx: Any, *grads: Any) -> Any:
+        why = f" ({spec.no_derivative})" if spec.no_derivative else ""
+        raise RuntimeError(
+            f"{spec.qualname}: has no derivative{why}; a gradient was asked for through it "
+            "(backward or torch.autograd.grad reached one of its outputs)"
+        )
+
+    return backward
+
+
+def _forward_mode(
+    spec: OpSpec,
+    reverse: Callable[..., Any],
+    keyset: torch._C.DispatchKeySet,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tangents: tuple[torch.Tensor | None, ...],
+    names: list[str],
+) -> Any:
+    if spec.jvp is None:
+        given = ", ".join(n for n, t in zip(names, tangents, strict=False) if t is not None)
+        raise NotImplementedError(
+            f"{spec.qualname}: forward-mode AD is not supported (a tangent was given for {given}); "
+            "use reverse mode (backward, torch.autograd.grad, torch.func.vjp)"
+        )
+    primals = tuple(fwad.unpack_dual(a).primal if t is not None else a for a, t in zip(args, tangents, strict=True))
+    out = reverse(keyset, *primals, **kwargs)
+    # The dispatcher drops trailing arguments equal to their defaults: the formula sees them all.
+    inputs, _ = fill_defaults(spec.schema, primals, kwargs)
+    tangent_out = spec.jvp(tuple(inputs), tangents + (None,) * (len(inputs) - len(tangents)), out)
+    if isinstance(out, tuple):
+        return tuple(o if t is None else fwad.make_dual(o, t) for o, t in zip(out, tangent_out, strict=True))
+    return fwad.make_dual(out, tangent_out)
+
+
+def add_tangents(*terms: torch.Tensor | None) -> torch.Tensor | None:
+    """The sum of the terms that are there (a jvp's inputs without a tangent give None)."""
+    present = [t for t in terms if t is not None]
+    if not present:
+        return None
+    total = present[0]
+    for t in present[1:]:
+        total = total + t
+    return total
+
+
+__all__ = ["add_tangents", "register"]
