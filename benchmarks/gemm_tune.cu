@@ -4,7 +4,7 @@
 //        benchmarks/gemm_tune.cu -lcublas -o /tmp/gemm_tune && /tmp/gemm_tune [--quick] [--no-time]
 //
 // Correctness, for every variant on every shape it accepts (odd sizes 1, 7,
-// 59, 97, 1025, tails in M, N and K, and the issue's target shapes): fresh
+// 59, 97, 1025, tails in M, N and K, and the target shapes): fresh
 // random inputs in [-1, 1) (never zeros), C poisoned with NaN before each run,
 // then (1) every element against cuBLAS float32 (TF32 off) on the same
 // inputs upcast, ||C - ref|| / ||ref|| over the whole matrix, NaN or Inf

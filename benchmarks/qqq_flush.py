@@ -1,5 +1,5 @@
-"""How the L2 flush changes issue 8's comparison: opforge::qqq_gemm against
-float16 torch.matmul of the same dequantised weights, on the issue's shapes,
+"""How the L2 flush changes the W4A8 comparison: opforge::qqq_gemm against
+float16 torch.matmul of the same dequantised weights, on the target shapes,
 with the L2 flushed before each call two ways:
 
 * dirty: a 256 MB buffer zeroed (what ``opforge bench`` does). The L2 is then

@@ -1,6 +1,6 @@
-"""Issue 8's table from an `opforge bench qqq_gemm --json` report: per case the
+"""The W4A8 table from an `opforge bench qqq_gemm --json` report: per case the
 W4A8 kernel against float16 torch.matmul / F.linear of the same (dequantised)
-weights, the issue's target speedup per M, the per-group/per-channel ratio,
+weights, the target speedup per M, the per-group/per-channel ratio,
 and the time as a fraction of the weight-read floor (packed bytes at the
 measured device copy bandwidth).
 
@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-# Issue 8: at least this many times faster than float16 torch.matmul, by M.
+# The targets: at least this many times faster than float16 torch.matmul, by M.
 TARGETS = {1: 3.0, 16: 3.0, 32: 2.5, 64: 1.8, 128: 1.2}
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
         for line in lines:
             print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
-    print(f"{len(lines)} cases, {misses} below the issue's speedup target")
+    print(f"{len(lines)} cases, {misses} below the speedup target")
     if args.plot:
         plot(d, by_case, copy_gbps, args.plot)
         print(f"wrote {args.plot}")
@@ -95,7 +95,7 @@ def plot(d: dict, by_case: dict, copy_gbps: float | None, path: Path) -> None:
         ax.plot(ms, series("group 128", "opforge"), "s--", color="tab:orange", label="qqq_gemm group 128")
         ax.plot(ms, series("per channel", "fp16 matmul"), "^-", color="tab:blue", label="fp16 torch.matmul")
         target = [mm / TARGETS[M] if mm and M in TARGETS else None for M, mm in zip(ms, series("per channel", "fp16 matmul"), strict=True)]
-        ax.plot(ms, target, ":", color="tab:blue", label="issue 8 target (fp16 / speedup)")
+        ax.plot(ms, target, ":", color="tab:blue", label="target (fp16 / speedup)")
         if copy_gbps:
             ax.axhline(K * N / 2 / (copy_gbps * 1e3), color="black", linestyle="--", linewidth=1, label="weight-read floor")
         ax.set_xscale("log", base=2)

@@ -451,7 +451,7 @@ using WS32fold_b1 = WsConfig<32, 1, 8, 2, 1, true, 0, true>;
 // from the timings: a spill would show).
 using WS64b3 = WsConfig<64, 1, 4, 2, 3, true, 0, true>;
 
-// Issue 8's three shapes, each scheme: per_weights(weights, K, N, gs,
+// The three target shapes, each scheme: per_weights(weights, K, N, gs,
 // read-only time under the reading flush), then per_m(problem, read-only
 // time) for each M.
 template <typename W, typename F>

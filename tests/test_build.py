@@ -169,7 +169,7 @@ def test_second_import_does_not_rebuild():
         "import time; t = time.perf_counter(); import torch; t1 = time.perf_counter(); import opforge; "
         "print(opforge.library.built_now, time.perf_counter() - t1)"
     )
-    _run(code, {})  # the session's library is built already; make sure of it
+    _run(code, {})  # the test run's library is built already; make sure of it
     res = _run(code, {})
     assert res.returncode == 0, res.stderr[-3000:]
     built, seconds = res.stdout.split()

@@ -225,7 +225,7 @@ def test_build_of_a_folder_that_registers_no_operator_fails_with_a_hint(tmp_path
 
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", "0")
-    # A seed-style pybind11 module with its name written out: refused before any compiler runs.
+    # A tutorial-style pybind11 module with its name written out: refused before any compiler runs.
     pybind = tmp_path / "mymod"
     pybind.mkdir()
     (pybind / "mymod.cpp").write_text(

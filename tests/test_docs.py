@@ -162,8 +162,8 @@ def excerpt_problem(block: Block, workdir: Path) -> str | None:
 
 
 @dataclass
-class Session:
-    """The guide's blocks run as one shell session in ``workdir``: what a block exports
+class GuideShell:
+    """The guide's blocks run as one shell in ``workdir``: what a block exports
     is seen by the next ones (through ``export -p``), files stay, each block is its own
     ``bash -e`` process so that a failure names its block."""
 
@@ -173,7 +173,7 @@ class Session:
     timings: list[tuple[str, float]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, tmp: Path) -> Session:
+    def start(cls, tmp: Path) -> GuideShell:
         workdir, scratch, bindir = tmp / "work", tmp / "scratch", tmp / "bin"
         for d in (workdir, scratch, bindir):
             d.mkdir()
@@ -235,20 +235,20 @@ class Session:
             pytest.fail(f"{block.where} exited {res.returncode}:\n{block.code}\n--- stdout (end)\n{out}\n--- stderr (end)\n{err}")
 
 
-def run_guide(tmp: Path, *, gpu: bool) -> Session:
+def run_guide(tmp: Path, *, gpu: bool) -> GuideShell:
     blocks = parse_blocks(GUIDE.read_text())
     problems = block_problems(blocks)
     assert not problems, "\n".join(problems)
-    session = Session.start(tmp)
+    shell = GuideShell.start(tmp)
     for index, block in enumerate(blocks):
         # cpu: the CPU run's alone (a CPU-only command; on a GPU machine its
         # CPU torch.compile checks took a minute a block and said nothing new).
         if "norun" in block.markers or ("gpu" in block.markers and not gpu) or ("cpu" in block.markers and gpu):
             continue
-        session.run(index, block)
-    summary = ", ".join(f"{where.split(' ')[0]} {s:.0f} s" for where, s in session.timings)
-    print(f"guide: {len(session.timings)} blocks run: {summary}")
-    return session
+        shell.run(index, block)
+    summary = ", ".join(f"{where.split(' ')[0]} {s:.0f} s" for where, s in shell.timings)
+    print(f"guide: {len(shell.timings)} blocks run: {summary}")
+    return shell
 
 
 # --------------------------------------------------------------- tests

@@ -1,4 +1,4 @@
-"""The runnable examples under examples/ (issue 5): each entry point runs in a
+"""The runnable examples under examples/: each entry point runs in a
 subprocess on the CPU (and, marked ``cuda``, on the GPU), exits 0 and prints
 what it shows.
 
@@ -73,7 +73,7 @@ def check_add2(out: str, device: str) -> None:
         assert f"torch_launch_add2(c, a, b, n) == a + b for n = {n}: ok" in out
     assert "a float64 input is refused: torch_launch_add2: a must be float32" in out
     assert "time.time(), no synchronize" in out
-    assert "time.time() + synchronize (seed 003's show_time)" in out
+    assert "time.time() + synchronize (the add2 tutorial's show_time)" in out
     assert "opforge.bench.Timer (median ± IQR)" in out
     assert ("asynchronous" if device == "cuda" else "calls are synchronous") in out
     assert out.rstrip().endswith("add2: all checks passed")
@@ -107,7 +107,7 @@ def check_qqq_gemm(out: str, device: str) -> None:
     assert f"device: {device}" in out
     assert ("as a CUDAExtension" if device == "cuda" else "as a CppExtension") in out
     assert "ImportError: libc10.so" in out
-    assert "importing the extension before torch fails with the seed's libc10.so error: ok" in out
+    assert "importing the extension before torch fails with the tutorial's libc10.so error: ok" in out
     assert "with torch imported first, the extension imports: ok" in out
     assert out.count("== torch.ops.opforge.qqq_gemm, bit for bit") == 3
     assert "relative error of the W4A8 model" in out
@@ -149,7 +149,7 @@ ARGS = {"add2": ("--budget", "0.2")}
 # The CPU runs start together and share two cores: with gemm's three builds
 # (JIT, setuptools, CMake, 15-25 s each alone) among them, the whole set took
 # 330 s here, add2's run 230 s of it. gemm gets more, for its builds, and
-# qqq_gemm, which builds with setuptools and torch/extension.h (the seed's
+# qqq_gemm, which builds with setuptools and torch/extension.h (the tutorial's
 # route, no cache): about 70 s of CPU on two cores, minutes on a loaded machine.
 CPU_TIMEOUT = 600
 TIMEOUTS = {"gemm": 900, "qqq_gemm": 900}

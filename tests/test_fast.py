@@ -111,7 +111,7 @@ def test_saved_tensors_are_version_checked_freed_and_leak_nothing():
 
 def test_keywords_defaults_and_int_scalars():
     x, y = torch.randn(17), torch.randn(17)
-    # The schema's defaults (alpha=3, beta=-1: seed 004's 3x - y), filled in by the fast path.
+    # The schema's defaults (alpha=3, beta=-1: the autograd tutorial's 3x - y), filled in by the fast path.
     torch.testing.assert_close(opforge.axpby(x, y, alpha=2.0), opforge.axpby(x, y, 2.0, -1.0))
     torch.testing.assert_close(opforge.axpby(x, y), 3 * x - y)
     torch.testing.assert_close(opforge.axpby(x, y, 2.0), 2 * x - y)

@@ -1,7 +1,7 @@
-"""The GEMM (issue 7): opforge::gemm against a float64 reference over dtypes,
+"""The GEMM: opforge::gemm against a float64 reference over dtypes,
 odd shapes and layouts, its gradients against torch's, gradcheck, torch.compile,
 every bad input, the CPU kernel's blocking edges on each instruction set, and
-(marked cuda) the issue's large shapes with its relative-error bounds.
+(marked cuda) large shapes with its relative-error bounds.
 tests/test_ops.py runs the spec's generic checks besides."""
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = get_specs(["gemm"])[0]
 ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
-# The issue's bound on max |C - C_ref| / max |C_ref|: float32 far under 1e-3,
+# The bound on max |C - C_ref| / max |C_ref|: float32 far under 1e-3,
 # bfloat16 between 1e-3 and 1e-2 (output rounding alone reaches 2^-9 of the
 # largest entry, 2e-3), float16 in proportion (2^-12 of it).
 RELATIVE_BOUND = {torch.float32: 1e-5, torch.float64: 1e-13, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 
-# (M, N, K): vectors and scalars, the issue's 59 x 97 x 1025, primes, and
+# (M, N, K): vectors and scalars, 59 x 97 x 1025, primes, and
 # sizes past the CPU kernel's register tiles and cache blocks.
 SHAPES = [(1, 1, 1), (7, 1, 13), (1, 7, 13), (13, 7, 1), (59, 97, 1025), (97, 59, 130), (31, 37, 41), (145, 513, 193)]
 LAYOUTS = ["contiguous", "transposed a", "transposed b", "transposed a and b", "strided a and b", "offset a and b"]
@@ -349,7 +349,7 @@ def test_cpu_isa_override_is_checked():
     assert "opforge::gemm: OPFORGE_GEMM_CPU_ISA must be generic, avx2 or avx512, got 'sse9'" in proc.stderr
 
 
-# --- CUDA: the issue's shapes and bounds (run on the GPU machine) ---
+# --- CUDA: the large shapes and bounds (run on the GPU machine) ---
 
 
 @pytest.mark.cuda

@@ -1,5 +1,5 @@
-"""opforge.build.inline: ops as strings (seed 002's load_inline) and a folder of
-seed-style pybind11 code (seed 003's add2), both through the one JIT engine.
+"""opforge.build.inline: ops as strings (the load_inline tutorial's load_inline) and a folder of
+tutorial-style pybind11 code (the add2 tutorial's add2), both through the one JIT engine.
 
 Each C++ build costs 5-20 s on two cores, so every test builds at most once and
 the checks that need no compiler ask inline_config / pybind_folder_config."""
@@ -18,7 +18,7 @@ import torch
 from opforge.build import BuildError, Library
 from opforge.build.inline import build_pybind_folder, inline, inline_config, pybind_folder_config
 
-# Seed 002, as written for torch's load_inline.
+# The load_inline tutorial, as written for torch's load_inline.
 HELLO_CPP = textwrap.dedent(
     """
     std::string hello() {
@@ -27,7 +27,7 @@ HELLO_CPP = textwrap.dedent(
     """
 )
 
-# Seed 002's CUDA example, with what it leaves out: input checks, the device
+# The load_inline tutorial's CUDA example, with what it leaves out: input checks, the device
 # guard, torch's current stream, a launch check, and no launch for an empty input.
 SQUARE_CUDA = textwrap.dedent(
     """
@@ -99,7 +99,7 @@ TWICE = textwrap.dedent(
     """
 )
 
-# Seed 003's add2: the header of the launcher on raw pointers, and the seed's
+# The add2 tutorial's add2: the header of the launcher on raw pointers, and the tutorial's
 # torch wrapper with the checks it leaves out. Here the launcher is a CPU loop
 # standing in for add2.cu; the CUDA test builds the real kernel.
 ADD2_H = textwrap.dedent(
@@ -162,7 +162,7 @@ ADD2_CUDA_H = textwrap.dedent(
     """
     #pragma once
     #include <cuda_runtime.h>
-    // The seed's launch_add2, plus the stream to launch on and the launch's error.
+    // The tutorial's launch_add2, plus the stream to launch on and the launch's error.
     cudaError_t launch_add2(float* c, const float* a, const float* b, int n, cudaStream_t stream);
     """
 )
@@ -287,7 +287,7 @@ def test_torch_library_op_from_a_string(cache):
 
 
 @pytest.mark.slow  # a pybind11 folder built twice (edited in between)
-def test_seed_003_add2_folder(tmp_path, cache, seed):
+def test_add2_tutorial_folder(tmp_path, cache, seed):
     folder = _folder(tmp_path, "add2", {"add2.h": ADD2_H, "add2.cpp": ADD2_CPP, "add2_kernel.cpp": ADD2_CPU_KERNEL})
     module = build_pybind_folder(folder, quiet=True)
     g = torch.Generator().manual_seed(seed)
@@ -389,7 +389,7 @@ def test_cuda_source_with_a_cpu_torch_is_a_clear_error(cache, monkeypatch):
 
 
 @pytest.mark.cuda
-def test_seed_002_square_matrix_cuda(cache, seed):
+def test_load_inline_tutorial_square_matrix_cuda(cache, seed):
     module = inline("square_inline", cpp=SQUARE_CPP, cuda=SQUARE_CUDA, functions=["square_matrix"], extra_cuda_cflags=["-O2"], quiet=True)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(37, 53, device="cuda", generator=g)  # neither side a multiple of the 16x16 block
@@ -401,7 +401,7 @@ def test_seed_002_square_matrix_cuda(cache, seed):
 
 
 @pytest.mark.cuda
-def test_seed_003_add2_folder_cuda(tmp_path, cache, seed):
+def test_add2_tutorial_folder_cuda(tmp_path, cache, seed):
     folder = _folder(tmp_path, "add2", {"add2.h": ADD2_CUDA_H, "add2.cpp": ADD2_CUDA_CPP, "add2.cu": ADD2_CU})
     module = build_pybind_folder(folder, quiet=True)
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -1,4 +1,4 @@
-"""The LLTM cell (issue 6): opforge::lltm_forward / lltm_backward against the
+"""The LLTM cell: opforge::lltm_forward / lltm_backward against the
 plain-PyTorch LLTM, autograd against autograd through that reference (not only
 against the hand-written backward formulas), gradcheck, the module, the
 training example. tests/test_ops.py runs the spec's generic checks besides."""
@@ -250,7 +250,7 @@ def _run_example(cache_dir: Path, *args: str, timeout: float) -> str:
 
 def test_example_readme_names_its_origin():
     first = (ROOT / "examples" / "lltm" / "README.md").read_text().splitlines()[0]
-    assert "issue 6" in first and "seed 004" in first, first
+    assert "autograd tutorial" in first and "LLTM" in first, first
 
 
 def _check_example_output(out: str, device: str) -> None:

@@ -75,7 +75,7 @@ def test_differentiable_ops():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_axpby_defaults_are_seed_004s_my_op(device):
+def test_axpby_defaults_are_the_autograd_tutorials_my_op(device):
     x, y = torch.randn(1000, device=device), torch.randn(1000, device=device)
     torch.testing.assert_close(opforge.axpby(x, y), 3 * x - y)
     torch.testing.assert_close(opforge.axpby(x, y, beta=0.5), 3 * x + 0.5 * y)

@@ -1,4 +1,4 @@
-"""W4A8 qqq_gemm (issue 8): the packed layout and the quantisers (opforge.quant),
+"""W4A8 qqq_gemm: the packed layout and the quantisers (opforge.quant),
 the operator's exact integer path against an int64 reference, every bad input,
 torch.compile through the fake kernel, opcheck, opforge.nn.QQQLinear, and on a
 GPU the CUDA kernel bit for bit against the CPU kernel. tests/test_ops.py runs
@@ -22,6 +22,7 @@ from opforge.quant import (
     quantize_weight_w4,
     unpack_int4,
 )
+from opforge.spec import get_specs
 
 from .conftest import DEVICES
 
@@ -155,7 +156,7 @@ def test_exact_integer_path(M, group_size, out_dtype, device, seed):
         assert torch.equal(got.cpu(), want), f"{(got.cpu().float() != want.float()).sum()} of {want.numel()} differ"
         # And close to the float64 reference within the spec's (justified) tolerance.
         ref = reference(*(t.double() if isinstance(t, torch.Tensor) else t for t in args), out_dtype)
-        atol, rtol = opforge.spec.get_specs(["qqq_gemm"])[0].tolerance(out_dtype)
+        atol, rtol = get_specs(["qqq_gemm"])[0].tolerance(out_dtype)
         torch.testing.assert_close(got.double().cpu(), ref.cpu(), atol=atol, rtol=rtol)
 
 
@@ -172,7 +173,7 @@ def test_tolerance_is_tight_enough_to_fail():
     args = make_args(16, 256, 64, 128, CPU, torch.Generator().manual_seed(0))
     got = opforge.qqq_gemm(*args, torch.float16)
     ref = reference(*(t.double() if isinstance(t, torch.Tensor) else t for t in args), torch.float16)
-    atol, rtol = opforge.spec.get_specs(["qqq_gemm"])[0].tolerance(torch.float16)
+    atol, rtol = get_specs(["qqq_gemm"])[0].tolerance(torch.float16)
     off = got.clone()
     i = int(got.abs().argmax())
     off.view(torch.int16).view(-1)[i] += 1  # one ulp further from zero

@@ -1,6 +1,6 @@
-"""Seed 003's add2, built through opforge's pybind11 route, checked against
+"""The add2 tutorial's add2, built through opforge's pybind11 route, checked against
 ``a + b`` and timed three ways: ``time.time()`` without synchronising,
-``time.time()`` around a synchronised call (the seed's ``show_time``), and
+``time.time()`` around a synchronised call (the tutorial's ``show_time``), and
 opforge's timer (CUDA events, cache flushed, repeated until the spread is small).
 
     python examples/add2/run.py                 # the GPU if torch sees one, else the CPU
@@ -29,7 +29,7 @@ from opforge.build.inline import build_pybind_folder
 
 HERE = Path(__file__).resolve().parent
 
-# The seed's show_time: 10 warm-up calls, then the mean of 10 timed ones.
+# The tutorial's show_time: 10 warm-up calls, then the mean of 10 timed ones.
 NTEST = 10
 
 
@@ -65,7 +65,7 @@ def time_no_sync(fn: Callable[[], Any]) -> float:
 
 
 def time_seed(fn: Callable[[], Any], device: torch.device) -> float:
-    """Seed 003's show_time: ``time.time()`` around a call bracketed by
+    """The add2 tutorial's show_time: ``time.time()`` around a call bracketed by
     ``torch.cuda.synchronize``; the mean of 10 calls after 10 warm-up ones."""
     for _ in range(NTEST):
         fn()
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         add2.torch_launch_add2(c, a, b, n)
 
     def run_torch() -> None:
-        a + b  # the seed's run_torch: the sum is computed, then dropped
+        a + b  # the tutorial's run_torch: the sum is computed, then dropped
 
     timer = Timer(device)
     rows: list[tuple[str, str, str]] = []
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     sync(device)
     rows.append(("time.time(), no synchronize (mean of 10)", f"{no_sync[0]:.1f}", f"{no_sync[1]:.1f}"))
     seed = (time_seed(run_add2, device), time_seed(run_torch, device))
-    rows.append(("time.time() + synchronize (seed 003's show_time)", f"{seed[0]:.1f}", f"{seed[1]:.1f}"))
+    rows.append(("time.time() + synchronize (the add2 tutorial's show_time)", f"{seed[0]:.1f}", f"{seed[1]:.1f}"))
     right = (time_opforge(run_add2, timer, args.budget), time_opforge(run_torch, timer, args.budget))
     rows.append(("opforge.bench.Timer (median ± IQR)", *(f"{t.median_us:.1f} ± {t.p75_us - t.p25_us:.1f}" for t in right)))
 
@@ -158,13 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         cache = (
             f"and with a, b and c ({mb:.0f} MB) left in the {l2_mb:.0f} MB L2 cache by the previous call"
             if fits
-            else f"(at this n the {mb:.0f} MB of data do not fit in the {l2_mb:.0f} MB L2 cache; at the seed's "
+            else f"(at this n the {mb:.0f} MB of data do not fit in the {l2_mb:.0f} MB L2 cache; at the tutorial's "
             "n = 2^20 it would, and a warm cache would be timed)"
         )
         print(
             "\nwhy the first row misleads: a CUDA launch is asynchronous. Without synchronising, time.time() measures how long the "
             f"CPU takes to enqueue the kernel, not how long the GPU takes to run it: {no_sync[0]:.1f} us here against "
-            f"{right[0].median_us:.1f} us measured by CUDA events ({ratio:.1f}x). The seed's show_time synchronises, so it measures "
+            f"{right[0].median_us:.1f} us measured by CUDA events ({ratio:.1f}x). The tutorial's show_time synchronises, so it measures "
             f"the kernel, plus the launch and synchronisation overhead and time.time()'s coarse clock, as the mean of 10 calls {cache}. "
             "opforge's timer brackets the kernel with CUDA events on the stream, zeroes a buffer twice the L2 size before each call "
             "(inputs come from memory, as inside a model), and repeats until the inter-quartile range is under 1 % of the median."

@@ -1,6 +1,6 @@
-// gemm_pybind.cpp: seed 001's pybind11 interface, over opforge's GEMM.
+// gemm_pybind.cpp: the GEMM tutorial's pybind11 interface, over opforge's GEMM.
 //
-// The seed's wrapper (gemm_torch_wrapper(c, a, b)) casts three float32 CUDA
+// The tutorial's wrapper (gemm_torch_wrapper(c, a, b)) casts three float32 CUDA
 // tensors to raw pointers and launches its kernel. Here the function bound is
 // opforge::gemm from csrc/ops/gemm/gemm.h: the operator's own C++ function,
 // with its checks, every floating dtype, the CPU kernel and the CUDA one. It

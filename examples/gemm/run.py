@@ -1,6 +1,6 @@
-"""Seed 001, runnable: one GEMM, opforge's (csrc/ops/gemm), built three ways
+"""The GEMM tutorial, runnable: one GEMM, opforge's (csrc/ops/gemm), built three ways
 through opforge's routes (JIT, setuptools, CMake). Each build is one library
-that is both a pybind11 module (``module.gemm(a, b)``, the seed's binding) and
+that is both a pybind11 module (``module.gemm(a, b)``, the tutorial's binding) and
 a TORCH_LIBRARY library (``torch.ops.opforge.gemm`` after
 ``torch.ops.load_library``), and each is checked against ``torch.matmul``.
 
@@ -134,7 +134,7 @@ def build_cmake(with_cuda: bool) -> tuple[types.ModuleType, Path, str] | None:
 
 # --- the checks ---
 
-# (M, N, K, dtype, layout): the seed's 640^3, the issue's odd 59 x 97 x 1025,
+# (M, N, K, dtype, layout): the tutorial's 640^3, an odd 59 x 97 x 1025,
 # half types through transposed views, a column, and K = 0.
 CASES = [
     (640, 640, 640, torch.float32, "contiguous"),
@@ -178,7 +178,7 @@ def run_checks(module: types.ModuleType, device: torch.device) -> None:
             message = str(exc).splitlines()[0]
         check(message.startswith("opforge::gemm: a [M, K] and b [K, N] must agree in K"), f"{name} refuses mismatched shapes ({message})")
 
-    # Autograd: the pybind11 function is outside it (the seed's limit) ...
+    # Autograd: the pybind11 function is outside it (the tutorial's limit) ...
     a, b = (t.detach().requires_grad_() for t in make_operands(37, 29, 45, torch.float32, device, gen))
     check(module.gemm(a, b).grad_fn is None, "module.gemm's result has no grad_fn: a pybind11 function is invisible to autograd")
     # ... the operator gets it from opforge's spec (fake kernel, backward
@@ -198,7 +198,7 @@ def run_checks(module: types.ModuleType, device: torch.device) -> None:
     x, y = make_operands(48, 24, 40, torch.float32, device, gen)
     check(torch.equal(compiled(x, y), op(x, y).relu()), "torch.compile(fullgraph=True) of torch.ops.opforge.gemm == eager")
 
-    # The seed's size timed against torch.matmul (opforge's timer: cache flushed, median).
+    # The tutorial's size timed against torch.matmul (opforge's timer: cache flushed, median).
     a, b = make_operands(640, 640, 640, torch.float32, device, gen)
     timer = Timer(device)
     times = {}
@@ -221,7 +221,7 @@ def run_route(route: str, device: torch.device) -> int:
         return SKIPPED
     module, so, how = built
     print(f"built {so.name} ({how})")
-    # The seed's last step: the same file as a TORCH_LIBRARY library. Already
+    # The tutorial's last step: the same file as a TORCH_LIBRARY library. Already
     # mapped (the import loaded it), so its registrations ran once.
     import opforge
 

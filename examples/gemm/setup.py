@@ -1,4 +1,4 @@
-"""The setuptools route (seed 001's setup.py with CUDAExtension): the GEMM's
+"""The setuptools route (the GEMM tutorial's setup.py with CUDAExtension): the GEMM's
 sources and the pybind11 binding as the extension module ``gemm_setuptools``,
 through opforge's setuptools pieces (opforge.build.setuptools_ext: the same
 BuildConfig as the JIT route, torch's BuildExtension with ninja). run.py runs

@@ -1,6 +1,6 @@
-"""Issue 6's LLTM timings: forward and forward+backward of opforge's LLTM
+"""The LLTM timings: forward and forward+backward of opforge's LLTM
 against the plain-PyTorch LLTM in eager mode and under torch.compile, at the
-issue's two sizes, the way the tutorial times them (the module's parameters
+two sizes, the way the tutorial times them (the module's parameters
 require grad; the loss is new_h.sum() + new_cell.sum()).
 
 ``opforge bench lltm_forward lltm_backward`` times each operator alone (no
@@ -52,7 +52,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--sizes", action="append", help="B,F,S (repeatable); default the issue's two")
+    p.add_argument("--sizes", action="append", help="B,F,S (repeatable); default the two of the README")
     p.add_argument("--budget", type=float, default=0.3, help="seconds per timing (default 0.3)")
     p.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph")
     p.add_argument("--no-compile", action="store_true")

@@ -1,10 +1,10 @@
-"""Issue 6's LLTM, runnable: trains opforge's LLTM cell (``opforge.nn.LLTM``: one
+"""The LLTM cell, runnable: trains opforge's LLTM cell (``opforge.nn.LLTM``: one
 matmul and one fused kernel each way) and the tutorial's plain-PyTorch LLTM
 side by side, from the same initial weights on the same batches, and checks
 that both losses fall and that the two loss curves agree.
 
     python examples/lltm/run.py                        # the CPU, small sizes
-    python examples/lltm/run.py --device cuda          # a GPU, the issue's B=16 F=32 S=128
+    python examples/lltm/run.py --device cuda          # a GPU, B=16 F=32 S=128
     python examples/lltm/run.py --steps 50 --dtype float64
 
 The task: sequences of T random vectors; the target is tanh of a fixed linear

@@ -1,4 +1,4 @@
-"""Seed 002's two load_inline programs, through opforge's inline route: the C++
+"""The load_inline tutorial's two load_inline programs, through opforge's inline route: the C++
 ``hello`` and ``square_matrix`` (a CUDA kernel on a GPU, a C++ loop on the CPU),
 built as one module by ``opforge.build.inline.inline``.
 
@@ -22,14 +22,14 @@ import torch
 from opforge.build.errors import BuildError
 from opforge.build.inline import inline, inline_config
 
-# Seed 002's first program, unchanged: inline prepends #include <torch/extension.h>, as load_inline does.
+# The load_inline tutorial's first program, unchanged: inline prepends #include <torch/extension.h>, as load_inline does.
 HELLO_CPP = """
 std::string hello() {
   return "Hello World!";
 }
 """
 
-# The CUDA side of square_matrix. Besides the seed's kernel (one thread per
+# The CUDA side of square_matrix. Besides the tutorial's kernel (one thread per
 # element of a 2-D grid of 16 x 16 blocks), the wrapper checks what the kernel
 # assumes, runs on the input's GPU and on torch's current stream, skips the
 # launch for an empty matrix (a grid of 0 blocks is an error) and checks the launch.
@@ -72,7 +72,7 @@ torch::Tensor square_matrix(torch::Tensor matrix) {
 }
 """
 
-# What the C++ string declares when the CUDA string defines square_matrix (as in the seed).
+# What the C++ string declares when the CUDA string defines square_matrix (as in the tutorial).
 SQUARE_DECLARATION = """
 torch::Tensor square_matrix(torch::Tensor matrix);
 """
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     squared = ext.square_matrix(a)
     print(f"square_matrix({a.tolist()}) ->\n{squared}")
     if not torch.equal(squared, torch.tensor([[1.0, 4.0, 9.0], [16.0, 25.0, 36.0]], device=device)):
-        failures.append("square_matrix of the seed's matrix is wrong")
+        failures.append("square_matrix of the tutorial's matrix is wrong")
 
     # Sizes that are not multiples of the 16 x 16 block, a transposed (non-contiguous) view, an empty matrix.
     gen = torch.Generator(device=device).manual_seed(0)

@@ -1,4 +1,4 @@
-"""Seed 004, runnable: the C++ op z = 3x - y with its own forward and backward,
+"""The autograd tutorial, runnable: the C++ op z = 3x - y with its own forward and backward,
 used through ``torch.autograd.Function`` and an ``nn.Module``; the same op
 registered the modern way (``torch.library.custom_op`` + ``register_autograd``
 + ``register_fake``, checked by ``opcheck``, run under
@@ -44,7 +44,7 @@ def section(title: str) -> None:
     print(f"\n== {title}")
 
 
-# --- 1. the seed's way: autograd.Function over the C++ forward and backward, wrapped in a Module ---
+# --- 1. the tutorial's way: autograd.Function over the C++ forward and backward, wrapped in a Module ---
 
 
 def make_function(ext: types.ModuleType) -> type[torch.autograd.Function]:
@@ -77,7 +77,7 @@ class MyOp(nn.Module):
 
 
 def show_autograd_function(ext: types.ModuleType, device: torch.device) -> type[torch.autograd.Function]:
-    section("1. torch.autograd.Function + nn.Module over the C++ forward/backward (seed 004)")
+    section("1. torch.autograd.Function + nn.Module over the C++ forward/backward (the autograd tutorial)")
     fn = make_function(ext)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(4, 5, device=device, generator=gen, requires_grad=True)

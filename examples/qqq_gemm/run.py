@@ -1,6 +1,6 @@
-"""Seed 000, runnable: qqq_gemm (int8 activations x int4 weights) as a pybind11
+"""The QQQ GEMM tutorial, runnable: qqq_gemm (int8 activations x int4 weights) as a pybind11
 module built by ``setup.py`` with torch's ``CUDAExtension`` / ``BuildExtension``,
-the ``libc10.so`` import error the seed reports (and why it happens), then the
+the ``libc10.so`` import error the tutorial reports (and why it happens), then the
 same kernel as an opforge operator through ``opforge.nn.QQQLinear`` in a small
 model.
 
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build(build_dir: Path, device: str) -> Path:
-    """``python setup.py build_ext``: the compile step of the seed's ``python
+    """``python setup.py build_ext``: the compile step of the tutorial's ``python
     setup.py develop`` (and of ``pip install -e .``), into ``build_dir`` so that
     neither the source tree nor the environment changes."""
     lib = build_dir / "lib"
@@ -61,7 +61,7 @@ def build(build_dir: Path, device: str) -> Path:
     env = {**os.environ, **(toolchain.overrides(tc) if tc.notes() else {})}
     if device == "cpu":
         env["OPFORGE_EXAMPLE_CPU"] = "1"  # the CPU loop alone: no nvcc needed
-    print(f"$ (cd {HERE.relative_to(HERE.parents[1])} && {' '.join(cmd[1:4])} ...)   # the seed: python setup.py develop")
+    print(f"$ (cd {HERE.relative_to(HERE.parents[1])} && {' '.join(cmd[1:4])} ...)   # the tutorial's: python setup.py develop")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -74,13 +74,13 @@ def build(build_dir: Path, device: str) -> Path:
 
 
 def import_order_demo(lib: Path) -> None:
-    """The seed's error: importing the extension before torch."""
+    """The tutorial's error: importing the extension before torch."""
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     env["PYTHONPATH"] = str(lib)
     first = subprocess.run([sys.executable, "-c", "import qqq_gemm_ext"], env=env, capture_output=True, text=True)
     err = (first.stderr.strip().splitlines() or [""])[-1]
     print(f"$ python -c 'import qqq_gemm_ext'\n  {err}")
-    check(first.returncode != 0 and "libc10.so" in err, "importing the extension before torch fails with the seed's libc10.so error")
+    check(first.returncode != 0 and "libc10.so" in err, "importing the extension before torch fails with the tutorial's libc10.so error")
     print(
         "  why: the module is linked against torch's shared libraries (libc10.so, libtorch.so, ...), which live in\n"
         "  torch/lib, a directory the dynamic loader does not search and the module's RPATH does not name. `import torch`\n"

@@ -1,7 +1,7 @@
-"""Seed 000's build: a pybind11 module from pybind.cpp and the CUDA kernel,
+"""The QQQ GEMM tutorial's build: a pybind11 module from pybind.cpp and the CUDA kernel,
 by setuptools with torch's CUDAExtension and BuildExtension.
 
-    python setup.py develop        # the seed's command (or: pip install --no-build-isolation -e .)
+    python setup.py develop        # the tutorial's command (or: pip install --no-build-isolation -e .)
     python -c "import torch, qqq_gemm_ext"
 
 The CUDA source is opforge's own kernel (csrc/ops/qqq_gemm/qqq_gemm_kernel.cu,
@@ -24,7 +24,7 @@ SOURCES = ["csrc/pybind.cpp", "csrc/qqq_gemm.cpp"]
 with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None and os.environ.get("OPFORGE_EXAMPLE_CPU") != "1"
 
 if with_cuda:
-    # The seed's CUDAExtension; sm_80 and up (mma.sync s8), or TORCH_CUDA_ARCH_LIST.
+    # The tutorial's CUDAExtension; sm_80 and up (mma.sync s8), or TORCH_CUDA_ARCH_LIST.
     ext = cpp_extension.CUDAExtension(
         name="qqq_gemm_ext",
         sources=[*SOURCES, os.path.relpath(KERNEL / "qqq_gemm_kernel.cu", HERE)],
@@ -39,6 +39,6 @@ setup(
     name="qqq_gemm_ext",
     version="0.1.0",
     ext_modules=[ext],
-    # The seed's cmdclass: torch's build_ext (compiler flags, nvcc for .cu files).
+    # The tutorial's cmdclass: torch's build_ext (compiler flags, nvcc for .cu files).
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=False)},
 )

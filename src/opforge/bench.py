@@ -46,7 +46,7 @@ from opforge.spec import OpSpec, Sample
 BENCH_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 IMPLS: tuple[str, ...] = ("opforge", "eager", "compiled")
 
-# Stop when the IQR is under 1 % of the median (the stability rule).
+# Stop when the IQR is under 1 % of the median (the stability rule).
 TARGET_SPREAD = 0.01
 # Input sets rotated when a case fits in L2: enough that the set a call reads
 # was last touched several calls (and one flush) ago.

@@ -66,9 +66,10 @@ def _device(name: str, projects_cuda: dict[str, bool] | None = None, *, own_libr
 
 def _projects(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
     """``names`` with each package directory (``opforge new``'s, a ``[tool.opforge]``
-    table in its pyproject.toml) loaded and replaced by its operators' qualified names;
-    per directory, whether its library has CUDA kernels; and whether opforge's own
-    op library is needed (no names, or a name that is not a package's)."""
+    table in its pyproject.toml) and each spec file (``FILE.py``, its ``SPECS``)
+    loaded and replaced by its operators' qualified names; per directory or file,
+    whether its operators have CUDA kernels; and whether opforge's own op library
+    is needed (no names, or a name that is neither)."""
     from opforge.build import BuildError
     from opforge.project import ProjectError, find_project, load_project, names_a_path, not_a_project, project_library
 
@@ -79,6 +80,10 @@ def _projects(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
             expanded.append(n)
             continue
         path = Path(n)
+        if n.endswith(".py"):
+            expanded += _spec_file(n)
+            cuda[n] = _spec_file_has_cuda(n)
+            continue
         if not path.is_dir():
             usage_error(f"opforge: {n}: {'not a directory' if path.exists() else 'no such directory'}")
         try:
@@ -93,6 +98,37 @@ def _projects(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
         lib = project_library(path)
         cuda[n] = bool(lib and lib.with_cuda)
     return expanded, cuda, not names or len(cuda) < len(names)
+
+
+def _spec_file(name: str) -> list[str]:
+    """Loads a spec file and registers its specs (opforge.project.load_spec_file);
+    says, per operator, what was derived from its schema. The qualified names."""
+    from opforge.build import BuildError
+    from opforge.derive import describe
+    from opforge.project import ProjectError, load_spec_file
+
+    path = Path(name)
+    if not path.is_file():
+        usage_error(f"opforge: {name}: {'not a file' if path.exists() else 'no such file'}")
+    try:
+        specs = load_spec_file(path)
+    except ProjectError as exc:
+        raise SystemExit(f"opforge: {exc}") from None
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        raise SystemExit(1) from None
+    for spec in specs:
+        if note := describe(spec):
+            out.print(f"{spec.qualname} ({name}): {note}", highlight=False, markup=False)
+    return [s.qualname for s in specs]
+
+
+def _spec_file_has_cuda(name: str) -> bool:
+    """Whether every operator of a loaded spec file has a CUDA kernel (or one for every device)."""
+    from opforge.derive import has_kernel_for
+    from opforge.project import load_spec_file
+
+    return all(has_kernel_for(s.overload, "cuda") for s in load_spec_file(name))
 
 
 def _specs(names: Sequence[str], *, own_library: bool = True):  # noqa: ANN202
@@ -196,7 +232,7 @@ def print_library() -> int:
 def build_folder(path: Path, route: str) -> int:
     """A user's folder of sources by one route. TORCH_LIBRARY ops: jit (the
     cached ninja build), inline (its files handed to opforge.build.inline as
-    strings), setuptools (build_ext, as pip install would). A seed-style
+    strings), setuptools (build_ext, as pip install would). A tutorial-style
     pybind11 module: pybind. Its own CMakeLists.txt: cmake."""
     import torch
 

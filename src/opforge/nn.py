@@ -1,4 +1,4 @@
-"""``nn.Module`` wrappers of the differentiable operators, as seed 004 writes by
+"""``nn.Module`` wrappers of the differentiable operators, as the autograd tutorial writes by
 hand with ``torch.autograd.Function``; here autograd comes from the op's spec."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Square(nn.Module):
 
 
 class AXPBY(nn.Module):
-    """alpha * x + beta * y; the defaults are seed 004's my_op, 3x - y."""
+    """alpha * x + beta * y; the defaults are the autograd tutorial's my_op, 3x - y."""
 
     def __init__(self, alpha: float = 3.0, beta: float = -1.0) -> None:
         super().__init__()

@@ -1,5 +1,5 @@
-// add and add_out: seed 003's add2 (torch_launch_add2(c, a, b, n)) as a
-// dispatcher operator, with a functional form and the seed's out= form.
+// add and add_out: the add2 tutorial's add2 (torch_launch_add2(c, a, b, n)) as a
+// dispatcher operator, with a functional form and the tutorial's out= form.
 
 #include "add_kernel.h"
 #include "opforge/common.h"

@@ -1,4 +1,4 @@
-// axpby: seed 004's my_op (3x - y, with its hand-written backward) generalised
+// axpby: the autograd tutorial's my_op (3x - y, with its hand-written backward) generalised
 // to alpha * x + beta * y. The backward is an operator of its own so that
 // autograd, torch.compile and export see one fused kernel for both gradients.
 

@@ -1,5 +1,5 @@
 #pragma once
-// Launchers of the axpby kernels: seed 004's my_op (3x - y) generalised to
+// Launchers of the axpby kernels: the autograd tutorial's my_op (3x - y) generalised to
 // alpha * x + beta * y, with its fused backward.
 
 #include <cstdint>

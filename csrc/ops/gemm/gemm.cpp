@@ -1,4 +1,4 @@
-// gemm: C = A @ B for A [M, K] and B [K, N], seed 001's GEMM operator.
+// gemm: C = A @ B for A [M, K] and B [K, N], the GEMM tutorial's GEMM operator.
 //
 //   gemm(Tensor a, Tensor b) -> Tensor
 //

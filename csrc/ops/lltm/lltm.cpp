@@ -1,4 +1,4 @@
-// lltm: the LLTM cell of the PyTorch C++/CUDA extension tutorial (seed 004
+// lltm: the LLTM cell of the PyTorch C++/CUDA extension tutorial (the autograd tutorial
 // points to it), as two operators:
 //
 //   lltm_forward(input, weights, bias, old_h, old_cell) -> (new_h, new_cell, gates)

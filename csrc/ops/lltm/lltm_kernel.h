@@ -1,6 +1,6 @@
 #pragma once
 // Launchers of the LLTM cell's fused elementwise kernels (the PyTorch C++/CUDA
-// extension tutorial's example, which seed 004 points to). The gate matmuls
+// extension tutorial's example, which the autograd tutorial points to). The gate matmuls
 // run in cuBLAS through ATen (lltm.cpp); these kernels do everything between
 // and around them in one pass each. Raw pointers, contiguous row-major
 // tensors, no torch headers.

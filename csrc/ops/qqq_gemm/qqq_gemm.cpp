@@ -1,4 +1,4 @@
-// qqq_gemm: seed 000's W4A8 GEMM (the QQQ method), int8 per-token activations
+// qqq_gemm: the QQQ GEMM tutorial's W4A8 GEMM (the QQQ method), int8 per-token activations
 // times int4 weights packed for the kernel (LAYOUT.md), int32 accumulation,
 // out = (a @ Wq) * s_tok[:, None] * s_ch[None, :] in float16, bfloat16 or float32.
 

@@ -1,5 +1,5 @@
 #pragma once
-// Launchers of the sigmoid kernels (seed 004's custom sigmoid, forward and
+// Launchers of the sigmoid kernels (the autograd tutorial's custom sigmoid, forward and
 // backward).
 
 #include <cstdint>

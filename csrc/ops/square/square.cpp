@@ -1,4 +1,4 @@
-// square: seed 002's square_matrix kernel (load_inline) as an elementwise
+// square: the load_inline tutorial's square_matrix kernel (load_inline) as an elementwise
 // dispatcher operator over any shape.
 
 #include "opforge/common.h"

@@ -1,5 +1,5 @@
 #pragma once
-// Launcher of the square kernel (seed 002's square_matrix, elementwise).
+// Launcher of the square kernel (the load_inline tutorial's square_matrix, elementwise).
 
 #include <cstdint>
 

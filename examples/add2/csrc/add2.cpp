@@ -1,4 +1,4 @@
-// add2.cpp: the torch wrapper and the pybind11 module (seed 003's torch_launch_add2).
+// add2.cpp: the torch wrapper and the pybind11 module (the add2 tutorial's torch_launch_add2).
 //
 // The wrapper checks its tensors, then dispatches on their device: CUDA tensors
 // go to the kernel in add2.cu, CPU tensors to a plain loop. opforge's pybind

@@ -1,4 +1,4 @@
-// add2.cu: the kernel and its launcher (seed 003's add2_kernel / launch_add2).
+// add2.cu: the kernel and its launcher (the add2 tutorial's add2_kernel / launch_add2).
 #include "add2.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// my_op.h: seed 004's operator z = 3x - y, its forward and its backward.
+// my_op.h: the autograd tutorial's operator z = 3x - y, its forward and its backward.
 #pragma once
 
 #include <torch/extension.h>

@@ -1,4 +1,4 @@
-// Seed 000's module declaration. TORCH_EXTENSION_NAME is the extension's name
+// The QQQ GEMM tutorial's module declaration. TORCH_EXTENSION_NAME is the extension's name
 // from setup.py (qqq_gemm_ext), defined by torch's BuildExtension.
 #include <torch/extension.h>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Seed 000's qqq_gemm as a plain torch function for a pybind11 module: int8
+// The QQQ GEMM tutorial's qqq_gemm as a plain torch function for a pybind11 module: int8
 // activations [M, K] x int4 weights packed by opforge.quant -> float16 [M, N].
 // On CUDA tensors it runs opforge's kernel (csrc/ops/qqq_gemm/qqq_gemm_kernel.cu,
 // compiled into this extension by setup.py); on CPU tensors, a short loop here.

@@ -1,6 +1,6 @@
 """Two more ways into the one JIT engine (``opforge.build.jit``): operators given
 as strings (``inline``, torch's ``load_inline`` the opforge way) and a folder of
-seed-style pybind11 code (``build_pybind_folder``).
+tutorial-style pybind11 code (``build_pybind_folder``).
 
 Both end in a ``BuildConfig`` built by ``build_library``, so they share its cache
 (``OPFORGE_CACHE_DIR``), content-hash key, flock, progress and compiler-error
@@ -171,7 +171,7 @@ def build_pybind_folder(
     extra_cuda_cflags: Sequence[str] = (),
     quiet: bool = False,
 ) -> types.ModuleType:
-    """Builds a folder of seed-style pybind11 code (``add2.h``, ``add2.cpp`` with
+    """Builds a folder of tutorial-style pybind11 code (``add2.h``, ``add2.cpp`` with
     ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``, ``add2.cu``) and imports it.
 
     Every ``.cpp`` is built, and every ``.cu`` when CUDA is (``with_cuda``,

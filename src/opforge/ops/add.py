@@ -1,4 +1,4 @@
-"""add and add_out: seed 003's add2, functional and out= forms."""
+"""add and add_out: the add2 tutorial's add2, functional and out= forms."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ SPECS = [
     ),
     OpSpec(
         name="add_out",
-        doc="Writes a + b into out (seed 003's torch_launch_add2(c, a, b, n)); out must not overlap a or b.",
+        doc="Writes a + b into out (the add2 tutorial's torch_launch_add2(c, a, b, n)); out must not overlap a or b.",
         reference=_reference_out,
         samples=_samples_out,
         bad_inputs=_bad_out,

@@ -1,4 +1,4 @@
-"""axpby: seed 004's my_op (3x - y) generalised to alpha * x + beta * y, with
+"""axpby: the autograd tutorial's my_op (3x - y) generalised to alpha * x + beta * y, with
 a fused backward operator that writes both gradients in one pass."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ SPECS = [
     OpSpec(
         name="axpby",
         jvp=_jvp,
-        doc="alpha * x + beta * y, elementwise (seed 004's my_op is the default, 3x - y).",
+        doc="alpha * x + beta * y, elementwise (the autograd tutorial's my_op is the default, 3x - y).",
         reference=_reference,
         samples=_samples,
         bad_inputs=lambda device: bad_elementwise("axpby", ("x", "y"), device),

@@ -1,4 +1,4 @@
-"""gemm: C = A @ B for A [M, K] and B [K, N], seed 001's GEMM operator grown up.
+"""gemm: C = A @ B for A [M, K] and B [K, N], the GEMM tutorial's GEMM operator grown up.
 
 One dtype for A, B and C (float32, float16, bfloat16 or float64); accumulation
 in float32 (float64 for float64), a half-type C rounded once. CUDA: tiled
@@ -117,7 +117,7 @@ _LAYOUTS: dict[str, tuple[str, str]] = {
 }
 
 # (M, N, K, layout). The first ones are small (gradcheck perturbs every input
-# element; torch.compile's check takes the first), then the issue's odd shapes,
+# element; torch.compile's check takes the first), then odd shapes,
 # vectors (M = 1, N = 1, K = 1), every layout, the empty cases, and sizes past
 # the CPU kernel's register tiles (12 x 32), cache blocks (144 x 512 x 192)
 # and one task per thread.
@@ -170,13 +170,13 @@ def tolerance(dtype: torch.dtype, K: int) -> tuple[float, float]:
       better) was measured at most 3.9 u sqrt(K) from float64 over 4M outputs
       (K = 64 ... 8192, u = 2^-24), RMS 0.30 u sqrt(K): atol = 8 u sqrt(K).
       float64 doubles it, the reference being a float64 sum in another order.
-      float32 at K = 8192: 4.3e-5, far under the issue's 1e-3.
+      float32 at K = 8192: 4.3e-5, far under the 1e-3 bound.
     * float16 and bfloat16 accumulate in float32, but tensor cores add products
       into the accumulator with truncation (Fasi, Higham, Mikaitis, Pranesh,
       "Numerical behavior of NVIDIA tensor cores", 2021): biased errors that
       can grow like K rather than sqrt(K). atol = u32 K: 4.9e-4 at K = 8192,
       an eighth of bfloat16's half-ulp at 1. rtol: 2^-7 for bfloat16 (between
-      the issue's 1e-3 and 1e-2), 2^-10 for float16.
+      the 1e-3 and 1e-2 bounds), 2^-10 for float16.
     """
     k = max(K, 1)
     u_acc = _U_ACC[dtype]
@@ -267,7 +267,7 @@ def _cost(a: torch.Tensor, b: torch.Tensor) -> Cost:
     return Cost(bytes=(M * K + K * N + M * N) * a.element_size(), flops=2 * M * N * K)
 
 
-# The issue's GPU shapes (M, N, K): square, odd (every dimension a tail), a
+# The GPU shapes (M, N, K): square, odd (every dimension a tail), a
 # short K and a 16-row C (decode-like, bandwidth-bound on B).
 GPU_BENCH: tuple[tuple[int, int, int], ...] = (
     (4096, 4096, 4096),

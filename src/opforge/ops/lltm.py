@@ -1,4 +1,4 @@
-"""lltm: the LLTM cell of the PyTorch C++/CUDA extension tutorial (seed 004
+"""lltm: the LLTM cell of the PyTorch C++/CUDA extension tutorial (the autograd tutorial
 points to it), forward and backward as opforge operators.
 
     X = [old_h | input]; gate_weights = X @ W^T + b            (W: [3S, F + S], b: [3S])
@@ -489,7 +489,7 @@ def _cost_backward(
     return Cost(bytes=reads + writes, flops=flops)
 
 
-# The issue's two sizes: B=16, F=32, S=128 (launch-bound) and B=1024, F=S=1024 (matmul-bound).
+# Two sizes: B=16, F=32, S=128 (launch-bound) and B=1024, F=S=1024 (matmul-bound).
 BENCH_SIZES: tuple[tuple[int, int, int], ...] = ((16, 32, 128), (1024, 1024, 1024))
 
 

@@ -1,4 +1,4 @@
-"""qqq_gemm: seed 000's W4A8 GEMM (the QQQ method), issue 8.
+"""qqq_gemm: the QQQ GEMM tutorial's W4A8 GEMM (the QQQ method).
 
     out[M, N] = (a[M, K] @ Wq[K, N]) * s_tok[M, None] * s_ch[None, N]
 
@@ -160,7 +160,7 @@ def extreme_args(M: int, K: int, N: int, group_size: int, device: torch.device, 
     return a, w_packed, s_tok, s_ch, s_group, group_size
 
 
-# (M, K, N, group_size, layout): the issue's M in {1, 7, 16, 33, 128} and odd
+# (M, K, N, group_size, layout): M in {1, 7, 16, 33, 128} and odd
 # ones (59, 97, 1025 rows), several multiples of 32 for K and N, per channel
 # and per group, K = 0 and M = 0, and the layouts the wrapper copies.
 _SAMPLES: tuple[tuple[int, int, int, int, str], ...] = (
@@ -343,7 +343,7 @@ def _cost(
     return Cost(bytes=M * K + K * N // 2 + scales + M * N * out_size, flops=2 * M * N * K)
 
 
-# (K, N): issue 8's K = N = 8192 and the LLM shapes 4096 x 11008, 11008 x 4096.
+# (K, N): K = N = 8192 and the LLM shapes 4096 x 11008, 11008 x 4096.
 BENCH_SHAPES = ((8192, 8192), (4096, 11008), (11008, 4096))
 BENCH_M = (1, 16, 32, 64, 128)
 

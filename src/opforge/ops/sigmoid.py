@@ -1,4 +1,4 @@
-"""sigmoid: seed 004's custom sigmoid, 1 / (1 + exp(-x)), with its own
+"""sigmoid: the autograd tutorial's custom sigmoid, 1 / (1 + exp(-x)), with its own
 backward operator grad * y * (1 - y) that needs only the saved output."""
 
 from __future__ import annotations

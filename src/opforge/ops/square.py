@@ -1,4 +1,4 @@
-"""square: seed 002's square_matrix, elementwise over any shape."""
+"""square: the load_inline tutorial's square_matrix, elementwise over any shape."""
 
 from __future__ import annotations
 
