@@ -56,7 +56,12 @@ def pytest_configure(config) -> None:
         config.option.dist = "loadgroup"
 
 
+# The tests selected for this run, for fixtures that start work for several of them at once.
+SELECTED = pytest.StashKey[list]()
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    config.stash[SELECTED] = items
     # Modules with long tests (slow, or a group bound to one worker) first,
     # each module kept whole (its module-scoped setup runs once): under
     # pytest-xdist they start at once rather than trailing the short tests.

@@ -407,3 +407,19 @@ def test_links_between_the_docs_resolve():
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{path.relative_to(ROOT)}: {target} (no heading #{anchor} in {dest.name})")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_no_work_tracking_words_reach_users():
+    """Code, docs and tests speak to users: no tracker numbers, no work-log
+    words, no tutorial source files users do not have."""
+    words = re.compile("|".join([r"issue [0-9]", r"\bsess" + r"ion\b", r"seed 0?0[0-9]", r"shared/" + "seeds"]), re.IGNORECASE)
+    roots = [ROOT / "src", ROOT / "csrc", ROOT / "docs", ROOT / "tests", ROOT / "README.md"]
+    found = []
+    for root in roots:
+        for path in [root] if root.is_file() else sorted(root.rglob("*")):
+            if not path.is_file() or "egg-info" in str(path) or "__pycache__" in path.parts or path.suffix in (".so", ".pyc", ".o"):
+                continue
+            for n, line in enumerate(path.read_text(errors="ignore").splitlines(), 1):
+                if words.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cache_with_library
+from .conftest import SELECTED, cache_with_library
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -166,7 +166,7 @@ def start_selected(request, cache_dir: Path, test: str, device: str) -> Iterator
     first three alone)."""
     selected = {
         item.callspec.params["name"]
-        for item in request.session.items
+        for item in request.config.stash[SELECTED]
         if getattr(item, "originalname", None) == test and Path(item.path) == Path(__file__)
     }
     runs = {name: start_example(name, cache_dir, *example_args(name, device)) for name in CHECKS if name in selected}
