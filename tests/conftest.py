@@ -62,6 +62,7 @@ SELECTED = pytest.StashKey[list]()
 
 def pytest_collection_modifyitems(config, items) -> None:
     config.stash[SELECTED] = items
+
     # Modules with long tests (slow, or a group bound to one worker) first,
     # each module kept whole (its module-scoped setup runs once): under
     # pytest-xdist they start at once rather than trailing the short tests.

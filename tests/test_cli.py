@@ -225,13 +225,13 @@ def test_build_of_a_folder_that_registers_no_operator_fails_with_a_hint(tmp_path
 
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", "0")
-    # A tutorial-style pybind11 module with its name written out: refused before any compiler runs.
+    # A pybind11 module with its name written out, built for torch.ops: refused before any compiler runs.
     pybind = tmp_path / "mymod"
     pybind.mkdir()
     (pybind / "mymod.cpp").write_text(
         '#include <torch/extension.h>\nstatic int twice(int x) { return 2 * x; }\nPYBIND11_MODULE(mymod, m) { m.def("twice", &twice); }\n'
     )
-    assert main(["build", str(pybind)]) == 1
+    assert main(["build", str(pybind), "--route", "jit"]) == 1
     err = " ".join(capsys.readouterr().err.split())
     refused = "opforge build: mymod would register no operator in torch.ops: mymod.cpp:3 declares PYBIND11_MODULE(mymod, m)"
     assert err.startswith(refused), err

@@ -11,6 +11,10 @@ formula from its spec, and exposes a public function per operator:
 
 ``OPFORGE_NO_AUTOLOAD=1`` defers that to an explicit ``opforge.load()``: the
 ``opforge`` command sets it, so ``opforge doctor`` still runs when a build fails.
+
+``opforge.spec(op, reference=...)`` describes an operator someone already has
+in ``torch.ops``, for ``opforge check|bench FILE.py``: the rest of its spec is
+derived from the schema (``opforge.derive``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from opforge.build import Library
 from opforge.build import fast as _fast
 from opforge.build.prebuilt import load_library_file as load_library
 from opforge.build.prebuilt import load_op_library
+
+# opforge.spec is the function (opforge.derive.spec); bound after the module
+# opforge.spec was imported, it keeps the name. `from opforge.spec import ...`
+# still reaches the module, which Python finds in sys.modules.
+from opforge.derive import spec
 from opforge.spec import all_specs, register_module
 
 __version__ = "0.1.0"
@@ -47,4 +56,4 @@ if os.environ.get("OPFORGE_NO_AUTOLOAD") != "1":
 
 from opforge import nn  # noqa: E402 - after the operators, which its modules call
 
-__all__ = ["all_specs", "library", "load", "load_library", "nn", *(_s.name for _s in all_specs())]
+__all__ = ["all_specs", "library", "load", "load_library", "nn", "spec", *(_s.name for _s in all_specs())]

@@ -183,6 +183,8 @@ def run_reference(
     inputs_before = [a.clone() if isinstance(a, torch.Tensor) and i not in mutated else None for i, a in enumerate(args)]
 
     def to_ref(a: Any) -> Any:
+        if isinstance(a, (list, tuple)):  # a Tensor[] argument
+            return type(a)(to_ref(x) for x in a)
         if not isinstance(a, torch.Tensor):
             return a
         return a.detach().to(device=reference_device or a.device, dtype=torch.float64)
@@ -197,8 +199,8 @@ def run_reference(
         return f"returned {len(_tensors(got))} tensors, reference {len(_tensors(expected))}"
     pairs += [(args[i], ref_args[i]) for i in mutated]
     atol, rtol = spec.tolerance(dtype, sample)
-    # The first tensor argument's device (an optional first argument may be None).
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    # The first tensor argument's device (an optional first argument may be None, a Tensor[] one a list).
+    device = _tensors(args)[0].device
     problems = []
     for k, (o, r) in enumerate(pairs):
         if o.dtype != dtype:
@@ -477,8 +479,11 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
 
 
 def check_bad_inputs(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    bad_inputs = list(spec.bad_inputs(device))
+    if not bad_inputs:
+        return CheckResult(spec.name, "bad inputs", "n/a", note="none declared")
     res = CheckResult(spec.name, "bad inputs", "pass")
-    for bad in spec.bad_inputs(device):
+    for bad in bad_inputs:
         res.count += 1
         try:
             spec.overload(*bad.args, **bad.kwargs)

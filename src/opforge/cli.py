@@ -206,7 +206,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     except ProjectError as exc:
         raise SystemExit(f"opforge build: {exc}") from None
     if project is not None:  # a package of opforge new's: its import builds (JIT) and loads it
-        return build_project(args.path) if args.route == "jit" else build_folder(project.sources, args.route)
+        return build_project(args.path) if args.route in ("auto", "jit") else build_folder(project.sources, args.route)
     return build_folder(args.path, args.route)
 
 
@@ -229,21 +229,37 @@ def print_library() -> int:
     return 0
 
 
-def build_folder(path: Path, route: str) -> int:
-    """A user's folder of sources by one route. TORCH_LIBRARY ops: jit (the
-    cached ninja build), inline (its files handed to opforge.build.inline as
-    strings), setuptools (build_ext, as pip install would). A tutorial-style
+def build_folder(path: Path, route: str = "auto") -> int:
+    """A user's folder of sources, in whatever layout (opforge.build.discover):
+    what was found is printed, then it is built by the route it calls for, or
+    by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
+    files handed to opforge.build.inline as strings), setuptools (build_ext, as
+    pip install would). A package importing _C: package (built in place). A
     pybind11 module: pybind. Its own CMakeLists.txt: cmake."""
     import torch
 
     from opforge import load_library as load_library_file
-    from opforge.build import BuildError, folder_config, load_library
+    from opforge.build import BuildError, cuda_archs, folder_config, load_library
+    from opforge.build.discover import DiscoveryError, cuda_unavailable, describe, discover
     from opforge.build.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
     from opforge.build.registrations import registers_nothing
 
-    folder = path.resolve()
-    if not folder.is_dir():
-        usage_error(f"opforge build: {path} is not a folder")
+    try:
+        layout = discover(path)
+    except DiscoveryError as exc:
+        usage_error(f"opforge build: {exc}")
+    route = layout.route if route == "auto" else route
+    if route == "package" and layout.package is None:
+        usage_error(f"opforge build: {path}: --route package, but no package here imports a compiled _C (`from . import _C`)")
+    try:
+        reason = cuda_unavailable() if layout.tree.cuda else None
+        archs = cuda_archs() if layout.tree.cuda and reason is None else ()
+    except BuildError as exc:  # OPFORGE_BUILD_CUDA set to what it cannot do
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
+    for line in describe(layout, route=route, cuda_reason=reason, cuda_archs=archs):
+        out.print(line, highlight=False, markup=False)
+    folder = layout.root
     if route in ("jit", "inline", "setuptools") and (why := pybind_instead_of_torch_library(folder)):
         # Refused before compiling: the build would succeed and leave torch.ops without a single operator.
         err.print(f"opforge build: {folder.name} would register no operator in torch.ops: {why}", highlight=False, markup=False)
@@ -256,9 +272,13 @@ def build_folder(path: Path, route: str) -> int:
                 return _registered_nothing(folder, lib.path)
             how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
             out.print(f"{folder.name}: {lib.path} ({how}; loaded into torch.ops)")
+            if added := sorted(set(torch._C._dispatch_get_all_op_names()) - ops_before):
+                out.print(f"{folder.name}: operators {', '.join(added)}", highlight=False, markup=False)
+        elif route == "package":
+            return _build_package(layout)
         elif route == "inline":
             cfg = folder_config(folder)
-            own = [s for s in cfg.sources if s.parent == folder]
+            own = [s for s in cfg.sources if s.is_relative_to(folder)]
             text = {suffix: "\n".join(s.read_text() for s in own if s.suffix == suffix) for suffix in (".cpp", ".cu")}
             lib = inline(
                 cfg.name,
@@ -288,6 +308,50 @@ def build_folder(path: Path, route: str) -> int:
     except BuildError as exc:
         err.print(str(exc), highlight=False, markup=False)
         return 1
+    return 0
+
+
+def _build_package(layout: Any) -> int:
+    """A package whose __init__ imports _C: its sources built by the JIT engine
+    into the cache, the library copied into the package as _C<EXT_SUFFIX> (as
+    ``build_ext --inplace`` leaves it), then ``import <package>`` tried in a new
+    process, as its user will run it."""
+    import subprocess
+
+    from opforge.build import build_library
+    from opforge.build.discover import DiscoveryError, package_config, place_in_package
+
+    package = layout.package
+    lib = build_library(package_config(layout))
+    try:
+        target, changed = place_in_package(lib.path, package)
+    except DiscoveryError as exc:
+        err.print(f"opforge build: {exc}", highlight=False, markup=False)
+        return 1
+    how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+    where = target.relative_to(layout.root) if target.is_relative_to(layout.root) else target
+    out.print(f"{package.name}: {where} ({how}{'' if changed else ', already in place'}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+    namespaces = sorted({*layout.binding.namespaces, *layout.binding.impls})
+    # The package first, torch after: an __init__ that loads _C before importing
+    # torch fails for its users (libc10.so not found), and must fail here too.
+    code = (
+        "import sys; __import__(sys.argv[1]); import torch; ns = set(sys.argv[2:]); "
+        "print('\\n'.join(sorted(n for n in torch._C._dispatch_get_all_op_names() if n.split('::')[0] in ns)))"
+    )
+    parent = str(package.directory.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
+    res = subprocess.run([sys.executable, "-c", code, package.name, *namespaces], cwd=parent, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        tail = "\n".join(res.stderr.strip().splitlines()[-12:])
+        hint = ""
+        if "libc10.so" in res.stderr or "libtorch" in res.stderr:
+            hint = f"\n{package.name}/__init__.py must `import torch` before it imports _C: torch's libraries load with it"
+        failed = f"opforge build: built {target}, but `import {package.name}` fails (in {parent}):\n{tail}{hint}"
+        err.print(failed, highlight=False, markup=False)
+        return 1
+    ops = res.stdout.split()
+    what = f"operators {', '.join(ops)}" if ops else "no operator registered in " + (", ".join(namespaces) or "torch.ops")
+    out.print(f"{package.name}: `import {package.name}` works (from {parent}, no install step): {what}", highlight=False, markup=False)
     return 0
 
 
@@ -779,17 +843,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("ops", nargs="*",
-                        help="operators, or package directories of opforge new's given as paths (./my_op, my_op/: their "
-                             "operators); default: all")  # fmt: skip
+                        help="operators, package directories of opforge new's given as paths (./my_op, my_op/: their "
+                             "operators), or spec files (my_specs.py: the operators its SPECS list, opforge.spec(...) of "
+                             "operators already in torch.ops); default: all")  # fmt: skip
         sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if a GPU is visible, else cpu")
         sp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, printed)")
 
     sp = sub.add_parser("build", help="build (or find in the cache) the op library, or a folder of yours, and say where it is")
-    sp.add_argument("path", nargs="?", type=Path, default=None, help="a folder of your sources (default: opforge's own op library)")
-    sp.add_argument("--route", choices=["jit", "inline", "setuptools", "pybind", "cmake"], default="jit",
-                    help="TORCH_LIBRARY ops by jit (cached ninja build), inline (the files as strings) or setuptools "
-                         "(build_ext, as pip install); pybind: a PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; "
-                         "cmake: its CMakeLists.txt")  # fmt: skip
+    sp.add_argument("path", nargs="?", type=Path, default=None,
+                    help="a folder of your sources, in any layout: sources and headers in any subfolder, a package "
+                         "importing _C, a pybind11 module, a setup.py or a CMakeLists.txt; what it finds is printed "
+                         "first (default: opforge's own op library)")  # fmt: skip
+    sp.add_argument("--route", choices=["auto", "jit", "inline", "setuptools", "pybind", "cmake", "package"], default="auto",
+                    help="auto (default): the one the folder calls for; TORCH_LIBRARY ops by jit (cached ninja build), "
+                         "inline (the files as strings) or setuptools (build_ext, as pip install); pybind: a "
+                         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; cmake: its CMakeLists.txt; package: a "
+                         "package importing _C, its library built in place as <package>/_C<EXT_SUFFIX>")  # fmt: skip
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("new", help="scaffold an operator package: C++/CUDA kernels, schema, spec, tests, pyproject.toml")
     sp.add_argument("name", help="the operator's name, also the Python package's (an identifier such as my_op)")

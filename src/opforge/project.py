@@ -11,6 +11,10 @@ A scaffolded package is a directory whose ``pyproject.toml`` has a
     namespace = "my_op"         # the torch.ops namespace of its operators
 
 The templates are files under ``opforge/templates/new``, rendered with jinja2.
+
+``opforge check|bench FILE.py`` load a spec file instead: a few lines whose
+``SPECS`` list ``opforge.spec(...)`` of operators the user already has in
+``torch.ops`` (``load_spec_file``).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import os
 import re
 import shutil
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.build import Library
-from opforge.spec import OpSpec, all_specs
+from opforge.build import BuildError, Library
+from opforge.spec import OpSpec, all_specs, register
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "new"
 
@@ -310,6 +315,60 @@ def load_project(path: str | Path) -> list[OpSpec]:
     return specs
 
 
+# Spec files loaded in this process, by resolved path: loading one again returns its specs.
+_SPEC_FILES: dict[Path, list[OpSpec]] = {}
+
+
+def load_spec_file(path: str | Path) -> list[OpSpec]:
+    """Runs a user's spec file (``FILE.py`` whose ``SPECS`` lists OpSpecs, as
+    ``opforge.spec(torch.ops.my_ns.my_op.default, reference=...)`` makes them)
+    with its own folder first on sys.path, so that it imports the package beside
+    it; registers the specs and returns them. Build failures of what it imports
+    raise ``opforge.build.BuildError``; anything else wrong, ProjectError with
+    the file's line."""
+    file = Path(path).resolve()
+    if file in _SPEC_FILES:
+        return _SPEC_FILES[file]
+    if not file.is_file():
+        raise ProjectError(f"{path}: {'not a file' if file.exists() else 'no such file'}")
+    folder = str(file.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    # A name of its own: the file's stem could be a module that exists (specs, ops, torch).
+    name = f"_opforge_spec_file_{len(_SPEC_FILES)}_{re.sub(r'[^0-9A-Za-z_]', '_', file.stem)}"
+    found = importlib.util.spec_from_file_location(name, file)
+    if found is None or found.loader is None:
+        raise ProjectError(f"{path}: not a Python file Python can load")
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module
+    try:
+        found.loader.exec_module(module)
+    except BuildError:
+        raise
+    except Exception as exc:  # the user's code: say where in the file, whatever it raised
+        del sys.modules[name]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == file]
+        where = f"{path}:{frames[-1].lineno}" if frames else str(path)
+        raise ProjectError(f"{where}: {type(exc).__name__}: {exc}") from exc
+    specs = getattr(module, "SPECS", None)
+    example = "SPECS = [opforge.spec(torch.ops.my_ns.my_op.default, reference=lambda x: ...)]"
+    if specs is None:
+        raise ProjectError(f"{path} defines no SPECS: list the operators to check or time in it, as {example}")
+    if not isinstance(specs, (list, tuple)) or not specs:
+        raise ProjectError(f"{path}: SPECS must be a non-empty list of OpSpecs, as {example}; got {specs!r:.80}")
+    for i, s in enumerate(specs):
+        if not isinstance(s, OpSpec):
+            raise ProjectError(f"{path}: SPECS[{i}] is a {type(s).__name__} ({s!r:.60}), not an OpSpec (opforge.spec(...) makes one)")
+    registered = []
+    for s in specs:
+        try:
+            registered.append(register(s))
+        except (ValueError, RuntimeError) as exc:
+            raise ProjectError(f"{path}: {s.qualname}: {exc}") from None
+    _SPEC_FILES[file] = registered
+    return registered
+
+
 def project_library(path: str | Path) -> Library | None:
     """The op library of a loaded project (its package's ``library``), or None."""
     project = find_project(path)
@@ -326,6 +385,7 @@ __all__ = [
     "check_identifier",
     "find_project",
     "load_project",
+    "load_spec_file",
     "names_a_path",
     "not_a_project",
     "parse_torch_min",

@@ -71,7 +71,14 @@ Baseline = Callable[[Sample], tuple[Callable[..., Any], Sample]]
 
 @dataclass
 class OpSpec:
-    """An operator as opforge sees it. Only ``name`` ties it to C++."""
+    """An operator as opforge sees it. Only ``name`` ties it to C++.
+
+    One type for every operator: the library's own (``opforge.ops``), an
+    ``opforge new`` package's (``<package>.ops``) and an operator someone
+    already has in ``torch.ops``, for which ``opforge.spec(op, reference=...)``
+    makes this same type with the rest derived from the schema
+    (``opforge.derive``). They differ only in how much is filled in by hand.
+    """
 
     name: str
     reference: Callable[..., Any]
@@ -107,6 +114,16 @@ class OpSpec:
     # gradient through it raises says so.
     no_derivative: str = ""
     doc: str = ""
+    # The overload of ``namespace::name`` this spec is about.
+    overload_name: str = "default"
+    # The operator's owner registered its fake kernel and autograd formula,
+    # where it has them (torch.library, or C++): opforge registers only what
+    # this spec itself adds (``fake``, ``backward``), never an autograd kernel
+    # in place of the owner's, and reads ``differentiable`` from the dispatcher.
+    owner_registered: bool = False
+    # The fields opforge.spec filled in because they were left out ("samples",
+    # "cost", ...; "bad_inputs": none declared), for the reports to say.
+    derived: tuple[str, ...] = ()
     function: Callable[..., Any] = field(init=False, repr=False)
 
     @property
@@ -116,7 +133,7 @@ class OpSpec:
     @property
     def overload(self) -> torch._ops.OpOverload:
         try:
-            return getattr(getattr(torch.ops, self.namespace), self.name).default
+            return getattr(getattr(getattr(torch.ops, self.namespace), self.name), self.overload_name)
         except AttributeError:
             raise RuntimeError(
                 f"{self.qualname}: no such operator in torch.ops; its C++ library is not loaded "
@@ -129,7 +146,9 @@ class OpSpec:
 
     @property
     def differentiable(self) -> bool:
-        return self.backward is not None
+        if self.backward is not None:
+            return True
+        return self.owner_registered and owner_has_autograd(self.overload)
 
     @property
     def mutated_args(self) -> list[int]:
@@ -151,11 +170,36 @@ class OpSpec:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES[dtype])
 
     def _register(self) -> None:
-        """Python-side registrations: fake kernel, autograd, public function."""
+        """Python-side registrations: fake kernel, autograd, public function.
+        An owner-registered operator gets only what the spec adds, through
+        torch.library's own functions (which refuse a second fake kernel or
+        autograd formula): opforge's autograd kernel would replace the owner's."""
         if self.fake is not None:
-            torch.library.register_fake(self.qualname)(self.fake)
-        autograd.register(self)
+            torch.library.register_fake(self._registration_name)(self.fake)
+        if not self.owner_registered:
+            autograd.register(self)
+        elif self.backward is not None:
+            torch.library.register_autograd(self._registration_name, self.backward, setup_context=self.setup_context)
         self.function = _public_function(self)
+
+    @property
+    def _registration_name(self) -> str:
+        return self.qualname if self.overload_name == "default" else f"{self.qualname}.{self.overload_name}"
+
+
+def owner_has_autograd(op: torch._ops.OpOverload) -> bool:
+    """Whether gradients flow through ``op`` by a formula its owner registered:
+    a ``torch.library.custom_op`` with ``register_autograd`` (every custom_op
+    has an Autograd kernel, one that raises without a formula), or any other
+    operator with an Autograd kernel of its own or a CompositeImplicitAutograd
+    one (made of differentiable operators)."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    opdef = _maybe_get_opdef(op)
+    if opdef is not None:
+        return opdef._backward_fn is not None
+    name = op.name()
+    return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in ("Autograd", "CompositeImplicitAutograd"))
 
 
 def _public_function(spec: OpSpec) -> Callable[..., Any]:
@@ -164,7 +208,9 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     from opforge.build.fast import Context, fast_op
 
     op = spec.overload
-    fast = fast_op(spec.qualname)
+    # An owner's operator is called through torch.ops (or the owner's own
+    # function over it), so that is what `opforge bench` times for it.
+    fast = None if spec.owner_registered else fast_op(spec.qualname)
     if fast is not None and spec.backward is not None and spec.setup_context is not None:
         fast.set_autograd(spec.setup_context, spec.backward, Context)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from opforge.build.discover import walk
 from opforge.build.errors import BuildError, Diagnostic, parse_diagnostics
 from opforge.build.jit import BuildConfig, Library, build_library, cache_root, check_safe_to_load, load_library, load_module
 
@@ -167,21 +168,23 @@ _gencode_flags = gencode_flags  # the name tests and older callers use
 
 
 def op_sources(op_dir: Path, *, with_cuda: bool) -> list[Path]:
-    """An operator folder's sources: every .cpp, plus every .cu in a CUDA build."""
-    srcs = sorted(op_dir.glob("*.cpp"))
-    if with_cuda:
-        srcs += sorted(op_dir.glob("*.cu"))
-    return srcs
+    """A folder's sources, in it and in any subfolder (``discover.walk``: build
+    outputs, virtualenvs, tests and hidden folders left out): every C++ source
+    (.cpp, .cc, .cxx), then every .cu in a CUDA build, each in path order."""
+    tree = walk(op_dir)
+    return [*tree.cpp, *(tree.cuda if with_cuda else ())]
 
 
 def folder_config(folder: Path, *, with_cuda: bool | None = None) -> BuildConfig:
-    """A user's op folder (TORCH_LIBRARY sources, .cpp and .cu) as a build: its
-    own headers and opforge's (``opforge/common.h``) on the include path."""
+    """A user's op folder (TORCH_LIBRARY sources, .cpp and .cu, in any subfolder)
+    as a build: the folder, its include/ folders and every folder holding a
+    header on the include path, then opforge's (``opforge/common.h``)."""
     cuda = want_cuda() if with_cuda is None else with_cuda
-    sources = op_sources(folder, with_cuda=cuda)
+    tree = walk(folder)
+    sources = [*tree.cpp, *(tree.cuda if cuda else ())]
     if not sources:
-        raise BuildError(f"opforge: no .cpp{' or .cu' if cuda else ''} files in {folder}")
-    name = "".join(c if c.isalnum() else "_" for c in folder.name)
+        raise BuildError(f"opforge: no C++ (.cpp, .cc, .cxx){' or CUDA (.cu)' if cuda else ''} source in {folder} or its subfolders")
+    name = "".join(c if c.isalnum() else "_" for c in tree.root.name)
     root = csrc_dir()
     flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()))
     cuda_flags: tuple[str, ...] = ()
@@ -191,8 +194,10 @@ def folder_config(folder: Path, *, with_cuda: bool | None = None) -> BuildConfig
         cuda_flags = ("-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs))
         # The current-stream helper the CUDA launchers of common.h call.
         sources = [*sources, root / "opforge" / "cuda_stream.cpp"]
+    # The folder as given first: the include path of a flat folder is what it always was.
+    include_dirs = (folder, *(d for d in tree.include_dirs if d != tree.root), root)
     return BuildConfig(
-        name, tuple(sources), (folder, root), cflags=flags, cuda_cflags=cuda_flags, ldflags=("-fopenmp",), with_cuda=cuda, cuda_archs=archs
+        name, tuple(sources), include_dirs, cflags=flags, cuda_cflags=cuda_flags, ldflags=("-fopenmp",), with_cuda=cuda, cuda_archs=archs
     )
 
 
@@ -219,12 +224,6 @@ def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
         cflags.append("-DOPFORGE_WITH_CUDA")
         archs = cuda_archs()
         cuda_cflags += gencode_flags(archs)
-    names = [s.name for s in sources]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        # torch's ninja file names each object after its source's file name:
-        # two sources of one name would overwrite each other's object.
-        raise BuildError(f"opforge: source file names must be unique across csrc/ops, found twice: {dupes}")
     return BuildConfig(
         name="opforge_ops",
         sources=tuple(sources),

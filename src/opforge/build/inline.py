@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from opforge.build import build_cuda_flag, cuda_archs, gencode_flags, op_sources, want_cuda
+from opforge.build import build_cuda_flag, cuda_archs, gencode_flags, want_cuda
+from opforge.build.discover import pybind_modules, strip_comments, walk
 from opforge.build.errors import BuildError
 from opforge.build.jit import BuildConfig, Library, cache_root, load_library, load_module
 
@@ -34,11 +35,6 @@ __all__ = ["build_pybind_folder", "inline", "inline_config", "pybind_folder_conf
 Functions = str | Sequence[str] | Mapping[str, str]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# PYBIND11_MODULE(name, m) and pybind11 >= 2.10's PYBIND11_MODULE(name, m, options...).
-_PYBIND11_MODULE = re.compile(r"\bPYBIND11_MODULE\s*\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*[,)]")
-# String and character literals are matched so that a "//" inside one is not taken for a comment.
-_COMMENT_OR_LITERAL = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
-_HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 
 # What torch's load_inline prepends, so that strings written for it build here unchanged.
 _CPP_PRELUDE = ("#include <torch/extension.h>",)
@@ -123,7 +119,7 @@ def inline_config(
             "(torch.version.cuda is None). Install a CUDA build of torch, or leave out the CUDA part"
         )
     for text, what in ((cpp, "cpp"), (cuda, "cuda")):
-        found = _pybind_modules(text)
+        found = pybind_modules(text)
         if found and docs is not None:
             raise BuildError(
                 f"opforge: inline({name!r}): the {what} source has its own PYBIND11_MODULE (line {found[0][2]}) and functions= asks "
@@ -174,13 +170,15 @@ def build_pybind_folder(
     """Builds a folder of tutorial-style pybind11 code (``add2.h``, ``add2.cpp`` with
     ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``, ``add2.cu``) and imports it.
 
-    Every ``.cpp`` is built, and every ``.cu`` when CUDA is (``with_cuda``,
+    Every C++ source in it and its subfolders (``opforge.build.discover.walk``)
+    is built, and every ``.cu`` when CUDA is (``with_cuda``,
     default: the folder has .cu files and opforge would build CUDA, see
     ``opforge.build.want_cuda``); ``OPFORGE_WITH_CUDA`` is defined then, so the
     .cpp can hold a CPU fallback. ``name`` defaults to the folder's name.
     """
     cfg = pybind_folder_config(path, name, with_cuda=with_cuda, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags)
-    left_out = [] if cfg.with_cuda else [p.name for p in sorted(Path(path).resolve().glob("*.cu"))]
+    tree = walk(Path(path))
+    left_out = [] if cfg.with_cuda else [tree.rel(p) for p in tree.cuda]
     module, _ = _load(cfg, quiet=quiet, left_out=left_out)
     assert module is not None
     return module
@@ -205,7 +203,8 @@ def pybind_folder_config(
         name = folder.name
     _check_identifier(name, "name")
     _check_flags(extra_cflags, extra_cuda_cflags)
-    has_cu = any(folder.glob("*.cu"))
+    tree = walk(folder)
+    has_cu = bool(tree.cuda)
     if with_cuda is None:
         cuda_on = has_cu and want_cuda()
     elif with_cuda and torch.version.cuda is None:
@@ -214,11 +213,10 @@ def pybind_folder_config(
         )
     else:
         cuda_on = with_cuda
-    sources = op_sources(folder, with_cuda=cuda_on)
-    if not any(s.suffix == ".cpp" for s in sources):
-        raise BuildError(f"opforge: {name}: no .cpp file in {folder}")
-    headers = sorted(p for p in folder.rglob("*") if p.suffix in _HEADER_SUFFIXES and p.is_file())
-    _check_pybind_module(name, folder, [*sources, *headers])
+    sources = [*tree.cpp, *(tree.cuda if cuda_on else ())]
+    if not tree.cpp:
+        raise BuildError(f"opforge: {name}: no C++ (.cpp, .cc, .cxx) file in {folder} or its subfolders")
+    _check_pybind_module(name, folder, [*sources, *tree.headers()])
 
     cflags = ["-O3", *extra_cflags]
     cuda_cflags: list[str] = []
@@ -230,7 +228,7 @@ def pybind_folder_config(
     return BuildConfig(
         name=name,
         sources=tuple(sources),
-        include_dirs=(folder,),
+        include_dirs=tree.include_dirs,
         cflags=tuple(cflags),
         cuda_cflags=tuple(cuda_cflags),
         with_cuda=cuda_on,
@@ -325,35 +323,20 @@ def _write_sources(name: str, files: Mapping[str, str]) -> Path:
     return directory
 
 
-def _strip_comments(text: str) -> str:
-    """``text`` without C/C++ comments, line numbers kept."""
-
-    def blank(m: re.Match[str]) -> str:
-        s = m.group(0)
-        return s if s[0] in "\"'" else "\n" * s.count("\n") or " "
-
-    return _COMMENT_OR_LITERAL.sub(blank, text)
-
-
-def _pybind_modules(text: str) -> list[tuple[str, str, int]]:
-    """Each PYBIND11_MODULE in ``text``: (module name, variable, line)."""
-    code = _strip_comments(text)
-    return [(m[1], m[2], code.count("\n", 0, m.start()) + 1) for m in _PYBIND11_MODULE.finditer(code)]
-
-
 def pybind_instead_of_torch_library(folder: Path) -> str:
     """What to do, when ``folder``'s files declare a pybind11 module and none
     mentions TORCH_LIBRARY: built for torch.ops (which never imports a Python
     module) it would load and register nothing. "" otherwise."""
-    files = sorted(p for p in folder.rglob("*") if p.suffix in (".cpp", ".cc", ".cxx", ".cu", *_HEADER_SUFFIXES) and p.is_file())
-    texts = {f: _strip_comments(f.read_text(errors="replace")) for f in files}
+    tree = walk(folder)
+    files = [*tree.sources, *tree.headers()]
+    texts = {f: strip_comments(f.read_text(errors="replace")) for f in files}
     if any("TORCH_LIBRARY" in t for t in texts.values()):
         return ""
-    found = [(f, *m) for f in files for m in _pybind_modules(texts[f])]
+    found = [(f, *m) for f in files for m in pybind_modules(texts[f])]
     if not found:
         return ""
     f, module, var, line = found[0]
-    where = f"{f.relative_to(folder)}:{line}"
+    where = f"{tree.rel(f)}:{line}"
     if module != "TORCH_EXTENSION_NAME":
         return (
             f"{where} declares PYBIND11_MODULE({module}, {var}), a Python module named {module!r} that nothing imports, and no "
@@ -373,7 +356,7 @@ def _check_pybind_module(name: str, folder: Path, files: Sequence[Path]) -> None
     opforge names the built file ``<name>_<16 hex>.so`` and Python imports it by
     calling ``PyInit_<that name>``; a hard-coded name defines another function,
     and the import fails after a full build with a message about neither."""
-    found = [(f, *m) for f in files for m in _pybind_modules(f.read_text(errors="replace"))]
+    found = [(f, *m) for f in files for m in pybind_modules(f.read_text(errors="replace"))]
     for f, module, var, line in found:
         if module != "TORCH_EXTENSION_NAME":
             raise BuildError(
