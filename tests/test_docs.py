@@ -235,12 +235,41 @@ class GuideShell:
             pytest.fail(f"{block.where} exited {res.returncode}:\n{block.code}\n--- stdout (end)\n{out}\n--- stderr (end)\n{err}")
 
 
-def run_guide(tmp: Path, *, gpu: bool) -> GuideShell:
-    blocks = parse_blocks(GUIDE.read_text())
+# The guide's sections as independent runs, each in its own shell and directory, so
+# that a machine of several cores runs them side by side (pytest-xdist): every part
+# after the first starts from section 1's package, which is all later sections use.
+GUIDE_PARTS: dict[str, tuple[int, ...]] = {
+    "write-an-operator": (1, 2, 3, 4, 5, 6),
+    "build-routes": (1, 7),
+    "verify-bench-profile": (1, 8, 9, 10, 11),
+    "bring-your-own": (12,),
+}
+
+
+def guide_sections(text: str, blocks: list[Block]) -> list[int | None]:
+    """Each block's section number (``## N.``); None before the first and under unnumbered headings."""
+    starts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"## (\d+)\. ", line)
+        if m or line.startswith("## "):
+            starts.append((n, int(m[1]) if m else None))
+    out: list[int | None] = []
+    for b in blocks:
+        out.append(next((sec for start, sec in reversed(starts) if start <= b.line), None))
+    return out
+
+
+def run_guide(tmp: Path, *, gpu: bool, part: str | None = None) -> GuideShell:
+    text = GUIDE.read_text()
+    blocks = parse_blocks(text)
     problems = block_problems(blocks)
     assert not problems, "\n".join(problems)
+    sections = guide_sections(text, blocks)
+    wanted = None if part is None else set(GUIDE_PARTS[part])
     shell = GuideShell.start(tmp)
     for index, block in enumerate(blocks):
+        if wanted is not None and sections[index] not in wanted:
+            continue
         # cpu: the CPU run's alone (a CPU-only command; on a GPU machine its
         # CPU torch.compile checks took a minute a block and said nothing new).
         if "norun" in block.markers or ("gpu" in block.markers and not gpu) or ("cpu" in block.markers and gpu):
@@ -289,15 +318,24 @@ def test_excerpts_must_match_their_file(tmp_path):
     assert "no longer matches" in (excerpt_problem(order, tmp_path) or "")
 
 
+def test_guide_parts_cover_every_section():
+    text = GUIDE.read_text()
+    sections = {s for s in guide_sections(text, parse_blocks(text)) if s is not None}
+    covered = {s for part in GUIDE_PARTS.values() for s in part}
+    assert sections == covered, f"sections with blocks {sorted(sections)}, in GUIDE_PARTS {sorted(covered)}"
+
+
 @pytest.mark.slow
-def test_guide_runs_on_cpu(tmp_path):
-    run_guide(tmp_path, gpu=False)
+@pytest.mark.parametrize("part", GUIDE_PARTS)
+def test_guide_runs_on_cpu(tmp_path, part):
+    run_guide(tmp_path, gpu=False, part=part)
 
 
 @pytest.mark.slow
 @pytest.mark.cuda
-def test_guide_runs_on_gpu(tmp_path):
-    run_guide(tmp_path, gpu=True)
+@pytest.mark.parametrize("part", GUIDE_PARTS)
+def test_guide_runs_on_gpu(tmp_path, part):
+    run_guide(tmp_path, gpu=True, part=part)
 
 
 def _command_tree() -> dict[str, set[str]]:
