@@ -461,3 +461,82 @@ def test_no_work_tracking_words_reach_users():
                 if words.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
     assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------- the README
+
+README = ROOT / "README.md"
+README_MAX_BYTES = 10_500  # a README for users: the rest lives in docs/
+
+
+def test_readme_is_short():
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes, over {README_MAX_BYTES}: move the detail to a page under docs/"
+
+
+def _section(text: str, title: str) -> str:
+    """The body of the ``## title`` section of a Markdown text (up to the next ``## ``), or ''."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == f"## {title}"), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join(lines[start + 1 : end])
+
+
+def layout_paths(section: str) -> list[str]:
+    """The paths a layout section names: the first word of every line of its fenced tree blocks (an
+    indented entry is under the nearest entry above it that is less indented and ends with ``/``),
+    and every inline code span outside them that holds a ``/`` and no space."""
+    paths: list[str] = []
+    fence: str | None = None
+    stack: list[tuple[int, str]] = []  # (indent, folder path) of the open folders of the tree
+    for line in section.splitlines():
+        m = _FENCE.match(line)
+        if fence is None and m:
+            fence, stack = m.group(2), []
+            continue
+        if fence is not None and line.strip().startswith(fence) and not line.strip().strip(fence[0]):
+            fence = None
+            continue
+        if fence is not None:
+            if not line.strip():
+                continue
+            indent = len(line) - len(line.lstrip(" "))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            path = (stack[-1][1] if stack else "") + line.split()[0]
+            if path.endswith("/"):
+                stack.append((indent, path))
+            paths.append(path)
+        else:
+            paths += [span for span in re.findall(r"`([^`\n]+)`", line) if "/" in span and " " not in span]
+    return paths
+
+
+def _exists(path: str) -> bool:
+    """Whether a named path is in the repository; ``<name>`` stands for any one name."""
+    pattern = re.sub(r"<[^>/]+>", "*", path.rstrip("/"))
+    found = list(ROOT.glob(pattern)) if "*" in pattern else [ROOT / pattern] if (ROOT / pattern).exists() else []
+    return any(p.is_dir() for p in found) if path.endswith("/") else bool(found)
+
+
+def test_layout_paths_are_read_from_the_tree_and_code_spans():
+    section = "Intro `csrc/ops/` and `opforge new`.\n\n```text\na/        x\n  b/      y\n    c.py  z\n  d.py\ne.txt\n```\n"
+    assert layout_paths(section) == ["csrc/ops/", "a/", "a/b/", "a/b/c.py", "a/d.py", "e.txt"]
+    assert _exists("csrc/ops/<op>/") and _exists("src/opforge/ops/<op>.py") and not _exists("csrc/nowhere/")
+
+
+def test_readme_layout_matches_the_tree():
+    section = _section(README.read_text(), "Layout")
+    assert section, "README.md has no '## Layout' section"
+    paths = layout_paths(section)
+    missing = [p for p in paths if not _exists(p)]
+    assert not missing, "README.md's layout names paths that are not in the repository:\n" + "\n".join(missing)
+    res = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"not a git checkout: {res.stderr.strip()}")
+    tracked = res.stdout.splitlines()
+    top = {f.split("/", 1)[0] for f in tracked if "/" in f and not f.startswith(".")}
+    named = {p.split("/", 1)[0] for p in paths}
+    assert top <= named, f"top-level folders missing from README.md's layout: {sorted(top - named)}"
