@@ -241,7 +241,9 @@ class GuideShell:
 GUIDE_PARTS: dict[str, tuple[int, ...]] = {
     "write-an-operator": (1, 2, 3, 4, 5, 6),
     "build-routes": (1, 7),
-    "verify-bench-profile": (1, 8, 9, 10, 11),
+    "verify-and-fast-path": (1, 8, 11),
+    "benchmark": (1, 9),
+    "profile": (10,),
     "bring-your-own": (12,),
 }
 
