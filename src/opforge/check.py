@@ -383,25 +383,29 @@ def check_gradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResul
     if not spec.differentiable:
         return CheckResult(spec.name, "gradcheck", "n/a", note="no autograd formula")
     res = CheckResult(spec.name, "gradcheck", "pass")
-    gen = generator(device, seed)
-    samples = [s for s in spec.samples(device, torch.float64, gen) if _small(s, _GRADCHECK_MAX_NUMEL) and not _self_overlapping(s)]
+    samples = _gradcheck_samples(spec, device, seed)
     whole = min(range(len(samples)), key=lambda i: sum(t.numel() for t in _tensors(samples[i].args)), default=-1)
     for i, sample in enumerate(samples):
-        sample = _with_grad(spec, sample)
-        res.count += 1
-        try:
-            ok = torch.autograd.gradcheck(
-                lambda *a, s=sample: spec.overload(*a, **s.kwargs),
-                sample.args,
-                fast_mode=i != whole,
-                check_forward_ad=spec.jvp is not None,
-            )
-            if not ok:
-                res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: gradcheck returned False")
-        except Exception as exc:  # noqa: BLE001
-            res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: {_first_line(exc)}")
+        _run_autograd_check(res, spec, sample, torch.autograd.gradcheck, fast_mode=i != whole, check_forward_ad=spec.jvp is not None)
     res.status = "fail" if res.failures else "pass"
     return res
+
+
+def _gradcheck_samples(spec: OpSpec, device: torch.device, seed: int) -> list[Sample]:
+    """float64 samples that gradcheck can perturb one element at a time, small enough to afford it."""
+    gen = generator(device, seed)
+    return [s for s in spec.samples(device, torch.float64, gen) if _small(s, _GRADCHECK_MAX_NUMEL) and not _self_overlapping(s)]
+
+
+def _run_autograd_check(res: CheckResult, spec: OpSpec, sample: Sample, check: Callable[..., bool], **options: Any) -> None:
+    """One gradcheck or gradgradcheck of ``sample``; a failure or an error goes into ``res``."""
+    sample = _with_grad(spec, sample)
+    res.count += 1
+    try:
+        if not check(lambda *a, s=sample: spec.overload(*a, **s.kwargs), sample.args, **options):
+            res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: {res.check} returned False")
+    except Exception as exc:  # noqa: BLE001
+        res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: {_first_line(exc)}")
 
 
 def check_gradgradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
@@ -410,8 +414,7 @@ def check_gradgradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckR
     if not spec.double_backward:
         return CheckResult(spec.name, "gradgradcheck", "n/a", note="double backward unsupported")
     res = CheckResult(spec.name, "gradgradcheck", "pass")
-    gen = generator(device, seed)
-    samples = [s for s in spec.samples(device, torch.float64, gen) if _small(s, _GRADCHECK_MAX_NUMEL) and not _self_overlapping(s)]
+    samples = _gradcheck_samples(spec, device, seed)
     if not samples:
         return CheckResult(spec.name, "gradgradcheck", "n/a", note="no sample small enough")
     smallest = min(samples, key=lambda s: sum(t.numel() for t in _tensors(s.args)))
@@ -419,14 +422,7 @@ def check_gradgradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckR
     for sample, fast in ((smallest, False), (strided, True)):
         if sample is None or (fast and sample is smallest):
             continue
-        sample = _with_grad(spec, sample)
-        res.count += 1
-        try:
-            ok = torch.autograd.gradgradcheck(lambda *a, s=sample: spec.overload(*a, **s.kwargs), sample.args, fast_mode=fast)
-            if not ok:
-                res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: gradgradcheck returned False")
-        except Exception as exc:  # noqa: BLE001
-            res.failures.append(f"{_sample_label(spec, torch.float64, sample)}: {_first_line(exc)}")
+        _run_autograd_check(res, spec, sample, torch.autograd.gradgradcheck, fast_mode=fast)
     res.status = "fail" if res.failures else "pass"
     return res
 
