@@ -52,6 +52,9 @@ class BadInput:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     match: str = ""
     error: type[Exception] = RuntimeError
+    # False for a rule about values (a scale out of range): the fake kernel sees
+    # only shapes, dtypes, devices and strides, so only the kernel can refuse it.
+    traced: bool = True
 
 
 @dataclass(frozen=True)

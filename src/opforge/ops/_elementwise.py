@@ -1,6 +1,6 @@
 """Shared pieces of the elementwise specs: random inputs in every layout the
 kernels must handle and the bad inputs every elementwise operator must refuse.
-The fake-kernel checks live in ``_checks`` (re-exported here)."""
+The fake-kernel checks and their messages live in ``rules`` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from opforge.ops._checks import _DTYPE_WORDS, expect_floating, expect_out, expect_same
+from opforge.ops import rules
+from opforge.ops.rules import expect_floating, expect_out, expect_same
 from opforge.spec import BadInput, Cost, Sample, SampleFn
 
 __all__ = ["expect_floating", "expect_out", "expect_same"]  # re-exported for the specs
@@ -184,46 +185,35 @@ def bad_elementwise(op: str, names: Sequence[str], device: torch.device, extra: 
         return torch.randn(shape, device=dev)
 
     cases = [
-        BadInput(
-            "int32 input",
-            (torch.arange(4, dtype=torch.int32, device=device), *[f32(4)] * (k - 1), *extra),
-            match=rf"^{qual}: {names[0]} must be {_DTYPE_WORDS}, got torch\.int32",
-            error=TypeError,
-        ),
-        BadInput(
-            "complex input",
-            (torch.randn(4, dtype=torch.complex64, device=device), *[f32(4)] * (k - 1), *extra),
-            match=rf"^{qual}: {names[0]} must be {_DTYPE_WORDS}, got torch\.complex64",
-            error=TypeError,
-        ),
+        rules.FLOATING.bad(
+            f"{dtype_name} input",
+            (torch.ones(4, device=device).to(dtype), *[f32(4)] * (k - 1), *extra),
+            qual,
+            name=names[0],
+            got=dtype,
+        )
+        for dtype_name, dtype in (("int32", torch.int32), ("complex", torch.complex64))
     ]
     if k >= 2:
         a, b = names[0], names[1]
         rest = [f32(4)] * (k - 2)
         cases += [
-            BadInput(
-                "dtype mismatch",
-                (f32(4), f32(4).double(), *rest, *extra),
-                match=rf"^{qual}: {a} and {b} must have the same dtype, got torch\.float32 and torch\.float64",
-                error=TypeError,
+            rules.SAME_DTYPE.bad(
+                "dtype mismatch", (f32(4), f32(4).double(), *rest, *extra), qual, a=a, b=b, got_a=torch.float32, got_b=torch.float64
             ),
-            BadInput(
-                "shape mismatch",
-                (f32(3), f32(4), *rest, *extra),
-                match=rf"^{qual}: {a} and {b} must have the same shape, got \[3\] and \[4\]",
-            ),
-            BadInput(
-                "broadcastable shapes",
-                (f32(3, 4), f32(4), *rest, *extra),
-                match=rf"^{qual}: {a} and {b} must have the same shape, got \[3, 4\] and \[4\]",
-            ),
+            rules.SAME_SHAPE.bad("shape mismatch", (f32(3), f32(4), *rest, *extra), qual, a=a, b=b, got_a=[3], got_b=[4]),
+            rules.SAME_SHAPE.bad("broadcastable shapes", (f32(3, 4), f32(4), *rest, *extra), qual, a=a, b=b, got_a=[3, 4], got_b=[4]),
         ]
         if device.type == "cuda":
             cases.append(
-                BadInput(
+                rules.SAME_DEVICE.bad(
                     "device mismatch",
                     (f32(4), f32(4, dev=torch.device("cpu")), *rest, *extra),
-                    match=rf"^{qual}: {a} and {b} must be on the same device, got cuda:\d+ and cpu",
+                    qual,
+                    a=a,
+                    b=b,
+                    got_a=rules.ANY_CUDA,
+                    got_b="cpu",
                 )
             )
     return cases

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from opforge.autograd import add_tangents
+from opforge.ops import rules
 from opforge.ops._elementwise import (
     OUT_LAYOUTS,
     bad_elementwise,
@@ -48,7 +49,7 @@ def _cost(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):  #
 
 def _fake_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     _check(OP_OUT, a, b)
-    expect_out(OP_OUT, out, a)
+    expect_out(OP_OUT, out, a, {"a": a, "b": b})
 
 
 def _reference_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
@@ -61,28 +62,26 @@ def _samples_out(device: torch.device, dtype: torch.dtype, gen: torch.Generator)
 
 
 def _bad_out(device: torch.device) -> list[BadInput]:
-    q = f"^{OP_OUT}"
     a, b = torch.randn(4, device=device), torch.randn(4, device=device)
     buf = torch.randn(5, device=device)
     cases = bad_elementwise("add_out", ("a", "b"), device, extra=(torch.empty(4, device=device),))
     cases += [
-        BadInput("out of the wrong shape", (a, b, torch.empty(5, device=device)), match=rf"{q}: out must have shape \[4\], got \[5\]"),
-        BadInput(
+        rules.OUT_SHAPE.bad("out of the wrong shape", (a, b, torch.empty(5, device=device)), OP_OUT, want=[4], got=[5]),
+        rules.OUT_DTYPE.bad(
             "out of the wrong dtype",
             (a, b, torch.empty(4, device=device, dtype=torch.float64)),
-            match=rf"{q}: out must have dtype torch\.float32, got torch\.float64",
-            error=TypeError,
+            OP_OUT,
+            want=torch.float32,
+            got=torch.float64,
         ),
-        BadInput("out is an input", (a, b, a), match=rf"{q}: out shares memory with input a"),
-        BadInput("out partly overlaps an input", (buf[:4], b, buf[1:]), match=rf"{q}: out shares memory with input a"),
-        BadInput(
-            "out with self-overlapping elements",
-            (a, b, torch.randn(1, device=device).expand(4)),
-            match=rf"{q}: out has elements that share memory",
+        rules.OUT_SHARES.bad("out is an input", (a, b, a), OP_OUT, name="a"),
+        rules.OUT_SHARES.bad("out partly overlaps an input", (buf[:4], b, buf[1:]), OP_OUT, name="a"),
+        rules.OUT_SELF_OVERLAP.bad(
+            "out with self-overlapping elements", (a, b, torch.randn(1, device=device).expand(4)), OP_OUT, strides=[0]
         ),
     ]
     if device.type == "cuda":
-        cases.append(BadInput("out on another device", (a, b, torch.empty(4)), match=rf"{q}: out must be on cuda:\d+, got cpu"))
+        cases.append(rules.OUT_DEVICE.bad("out on another device", (a, b, torch.empty(4)), OP_OUT, want=rules.ANY_CUDA, got="cpu"))
     return cases
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from opforge.autograd import add_tangents
-from opforge.ops._checks import expect_2d, expect_floating, expect_like
+from opforge.ops import rules
 from opforge.ops._elementwise import randn
+from opforge.ops.rules import expect_2d, expect_floating, expect_like
 from opforge.spec import BadInput, Cost, OpSpec, Sample
 
 OP = "opforge::gemm"
@@ -201,7 +202,6 @@ def _bad_inputs(device: torch.device) -> list[BadInput]:
     gen = torch.Generator(device=device).manual_seed(0)
     a, b = make_operands(3, 5, 4, torch.float32, device, gen)
     f32 = lambda *shape: torch.randn(shape, device=device)  # noqa: E731
-    words = "float32, float16, bfloat16 or float64"
     big = 2**31
 
     def bad(desc: str, args: tuple[Any, ...], match: str, error: type[Exception] = RuntimeError) -> BadInput:
@@ -213,22 +213,28 @@ def _bad_inputs(device: torch.device) -> list[BadInput]:
     huge_k_a = torch.zeros(3, 1, device=device).expand(3, big)
     huge_k_b = torch.zeros(1, 5, device=device).expand(big, 5)
     cases = [
-        bad("int32 a", (a.int(), b), rf"a must be {words}, got torch\.int32", TypeError),
-        bad("int64 a and b", (a.long(), b.long()), rf"a must be {words}, got torch\.int64", TypeError),
-        bad("complex a", (a.to(torch.complex64), b), rf"a must be {words}, got torch\.complex64", TypeError),
-        bad("float64 b", (a, b.double()), r"a and b must have the same dtype, got torch\.float32 and torch\.float64", TypeError),
-        bad("int32 b", (a, b.int()), r"a and b must have the same dtype, got torch\.float32 and torch\.int32", TypeError),
-        bad(
-            "bfloat16 a, float16 b",
-            (a.bfloat16(), b.half()),
-            r"a and b must have the same dtype, got torch\.bfloat16 and torch\.float16",
-            TypeError,
-        ),
-        bad("1-D a", (f32(4), b), r"a must be 2-D \[M, K\], got shape \[4\]"),
-        bad("0-D a", (f32(), b), r"a must be 2-D \[M, K\], got shape \[\]"),
-        bad("3-D a", (f32(2, 3, 4), b), r"a must be 2-D \[M, K\], got shape \[2, 3, 4\]"),
-        bad("1-D b", (a, f32(4)), r"b must be 2-D \[K, N\], got shape \[4\]"),
-        bad("3-D b", (a, f32(1, 4, 5)), r"b must be 2-D \[K, N\], got shape \[1, 4, 5\]"),
+        *[
+            rules.FLOATING.bad(f"{desc} a", (a.to(dtype), b.to(dtype) if both else b), OP, name="a", got=dtype)
+            for desc, dtype, both in (("int32", torch.int32, False), ("int64", torch.int64, True), ("complex", torch.complex64, False))
+        ],
+        *[
+            rules.SAME_DTYPE.bad(desc, (a.to(da), b.to(db)), OP, a="a", b="b", got_a=da, got_b=db)
+            for desc, da, db in (
+                ("float64 b", torch.float32, torch.float64),
+                ("int32 b", torch.float32, torch.int32),
+                ("bfloat16 a, float16 b", torch.bfloat16, torch.float16),
+            )
+        ],
+        *[
+            rules.TWO_D.bad(f"{x.dim()}-D {name}", (x, b) if name == "a" else (a, x), OP, name=name, layout=layout, got=x.shape)
+            for name, layout, x in (
+                ("a", "[M, K]", f32(4)),
+                ("a", "[M, K]", f32()),
+                ("a", "[M, K]", f32(2, 3, 4)),
+                ("b", "[K, N]", f32(4)),
+                ("b", "[K, N]", f32(1, 4, 5)),
+            )
+        ],
         bad(
             "inner dimensions differ",
             (a, f32(5, 5)),
@@ -246,12 +252,12 @@ def _bad_inputs(device: torch.device) -> list[BadInput]:
     if device.type == "cuda":
         cpu = torch.device("cpu")
         cases += [
-            bad("b on the CPU", (a, b.to(cpu)), r"a and b must be on the same device, got cuda:\d+ and cpu"),
-            bad("a on the CPU", (a.to(cpu), b), r"a and b must be on the same device, got cpu and cuda:\d+"),
+            rules.SAME_DEVICE.bad("b on the CPU", (a, b.to(cpu)), OP, a="a", b="b", got_a=rules.ANY_CUDA, got_b="cpu"),
+            rules.SAME_DEVICE.bad("a on the CPU", (a.to(cpu), b), OP, a="a", b="b", got_a="cpu", got_b=rules.ANY_CUDA),
         ]
     else:
         # No second device on a CPU-only machine: a meta tensor stands in for one.
-        cases.append(bad("b on the meta device", (a, b.to("meta")), r"a and b must be on the same device, got cpu and meta"))
+        cases.append(rules.SAME_DEVICE.bad("b on the meta device", (a, b.to("meta")), OP, a="a", b="b", got_a="cpu", got_b="meta"))
     return cases
 
 

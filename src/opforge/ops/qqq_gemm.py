@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from opforge.ops._checks import expect_2d, expect_shape
+from opforge.ops import rules
+from opforge.ops.rules import expect_2d, expect_shape
 from opforge.quant import MAX_K, UNIT, dequantize_weight_w4, pack_int4, quantize_act_int8, quantize_weight_w4
 from opforge.spec import BadInput, Cost, OpSpec, Sample
 
@@ -82,7 +83,7 @@ def _expect_dtype(name: str, t: torch.Tensor, want: torch.dtype) -> None:
 
 
 def _expect_device(name: str, t: torch.Tensor, a: torch.Tensor) -> None:
-    torch._check(t.device == a.device, lambda: f"{OP}: a and {name} must be on the same device, got {a.device} and {t.device}")
+    rules.SAME_DEVICE.check(t.device == a.device, OP, a="a", b=name, got_a=a.device, got_b=t.device)
 
 
 def _fake(
@@ -232,14 +233,14 @@ def _bad(device: torch.device) -> list[BadInput]:
             TypeError,
         ),
         bad("uint8 a", (a.to(torch.uint8), w, st, sc, sg, gs), r"a must be torch\.int8 .*, got torch\.uint8", TypeError),
-        bad("1-D a", (a.reshape(-1), w, st, sc, sg, gs), r"a must be 2-D \[M, K\], got shape \[1024\]"),
+        rules.TWO_D.bad("1-D a", (a.reshape(-1), w, st, sc, sg, gs), q, name="a", layout="[M, K]", got=[1024]),
         bad(
             "int8 w_packed",
             (a, w.to(torch.int8), st, sc, sg, gs),
             r"w_packed must be torch\.int32 \(int4 weights .*\), got torch\.int8",
             TypeError,
         ),
-        bad("3-D w_packed", (a, w[None], st, sc, sg, gs), r"w_packed must be 2-D \[K / 8, N\], got shape \[1, 32, 64\]"),
+        rules.TWO_D.bad("3-D w_packed", (a, w[None], st, sc, sg, gs), q, name="w_packed", layout="[K / 8, N]", got=[1, 32, 64]),
         bad(
             "float16 s_tok", (a, w, st.half(), sc, sg, gs), r"s_tok must be torch\.float32 \(per-token .*\), got torch\.float16", TypeError
         ),
@@ -262,28 +263,36 @@ def _bad(device: torch.device) -> list[BadInput]:
             (i8(1, MAX_K + 32), i32((MAX_K + 32) // 8, 32), f32(1), f32(32), None, -1),
             rf"K must be at most {MAX_K} so that the int32 accumulator cannot overflow, got {MAX_K + 32}",
         ),
-        bad(
+        rules.SHAPE.bad(
             "w_packed for another K",
             (a, i32(K // 8 + 4, N), st, sc, sg, gs),
-            r"w_packed must have shape \[K / 8, N\] = \[32, 64\], got \[36, 64\]",
+            q,
+            name="w_packed",
+            how="[K / 8, N]",
+            want=[32, 64],
+            got=[36, 64],
         ),
         bad(
             "w_packed transposed (not contiguous)",
             (a, i32(N, K // 8).t(), st, sc, sg, gs),
             r"w_packed must be contiguous \(its memory is the packed layout\), got strides \[1, 32\]",
         ),
-        bad("s_tok of another M", (a, w, f32(M + 1), sc, sg, gs), r"s_tok must have shape \[M\] = \[4\], got \[5\]"),
-        bad("2-D s_ch", (a, w, st, sc[None], sg, gs), r"s_ch must have shape \[N\] = \[64\], got \[1, 64\]"),
+        rules.SHAPE.bad("s_tok of another M", (a, w, f32(M + 1), sc, sg, gs), q, name="s_tok", how="[M]", want=[4], got=[5]),
+        rules.SHAPE.bad("2-D s_ch", (a, w, st, sc[None], sg, gs), q, name="s_ch", how="[N]", want=[64], got=[1, 64]),
         bad(
             "int32 s_group",
             (a, w, st, sc, sg.int(), gs),
             r"s_group must be torch\.int8 \(integer group scales .*\), got torch\.int32",
             TypeError,
         ),
-        bad(
+        rules.SHAPE.bad(
             "s_group of another group count",
             (a, w, st, sc, sg[:1], gs),
-            r"s_group must have shape \[K / group_size, N\] = \[2, 64\], got \[1, 64\]",
+            q,
+            name="s_group",
+            how="[K / group_size, N]",
+            want=[2, 64],
+            got=[1, 64],
         ),
         bad("group_size not a multiple of 32", (a, w, st, sc, sg, 100), rf"{gs_words} 100"),
         bad("group_size 0", (a, w, st, sc, sg, 0), rf"{gs_words} 0"),
@@ -308,8 +317,10 @@ def _bad(device: torch.device) -> list[BadInput]:
         cpu = torch.device("cpu")
         misaligned = torch.cat([w.new_zeros(1), w.reshape(-1)])[1:].view(w.shape)
         cases += [
-            bad("s_ch on the CPU", (a, w, st, sc.to(cpu), sg, gs), r"a and s_ch must be on the same device, got cuda:\d+ and cpu"),
-            bad("w_packed on the CPU", (a, w.to(cpu), st, sc, sg, gs), r"a and w_packed must be on the same device, got cuda:\d+ and cpu"),
+            rules.SAME_DEVICE.bad("s_ch on the CPU", (a, w, st, sc.to(cpu), sg, gs), q, a="a", b="s_ch", got_a=rules.ANY_CUDA, got_b="cpu"),
+            rules.SAME_DEVICE.bad(
+                "w_packed on the CPU", (a, w.to(cpu), st, sc, sg, gs), q, a="a", b="w_packed", got_a=rules.ANY_CUDA, got_b="cpu"
+            ),
             bad("w_packed not 16-byte aligned", (a, misaligned, st, sc, sg, gs), r"w_packed must be 16-byte aligned on the GPU, got"),
         ]
     else:
@@ -317,9 +328,16 @@ def _bad(device: torch.device) -> list[BadInput]:
         bad_scale = sg.clone()
         bad_scale[1, 3] = 17
         cases += [
-            bad("s_ch on the meta device", (a, w, st, sc.to("meta"), sg, gs), r"a and s_ch must be on the same device, got cpu and meta"),
+            rules.SAME_DEVICE.bad(
+                "s_ch on the meta device", (a, w, st, sc.to("meta"), sg, gs), q, a="a", b="s_ch", got_a="cpu", got_b="meta"
+            ),
             # The CUDA kernel writes NaN instead (a value check would need a sync): tests/test_qqq.py.
-            bad("group scale 17", (a, w, st, sc, bad_scale, gs), r"s_group values must lie in \[1, 16\], got values in \[\d+, 17\]"),
+            BadInput(
+                "group scale 17",
+                (a, w, st, sc, bad_scale, gs),
+                match=rf"^{q}: s_group values must lie in \[1, 16\], got values in \[\d+, 17\]",
+                traced=False,
+            ),
         ]
     return cases
 
