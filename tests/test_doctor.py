@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 
 import opforge
-from opforge import doctor
+from opforge import doctor, doctor_probes
 from opforge.build import library_config, want_cuda
 from opforge.build.jit import module_name
 from opforge.doctor import (
@@ -261,7 +261,7 @@ def test_gpus_with_a_cpu_torch_are_a_warning(monkeypatch):
     # Stand in for NVML's answer and for a CPU build of torch.
     monkeypatch.setattr(torch.version, "cuda", None)
     gpus = [doctor.GpuInfo(0, "NVIDIA H200", "9.0", 139.8)]
-    monkeypatch.setattr(doctor, "_nvml_gpus", lambda: (gpus, "580.65", "13.0"))
+    monkeypatch.setattr(doctor_probes, "_nvml_gpus", lambda: (gpus, "580.65", "13.0"))
     report = collect()
     assert report.gpu.source == "NVML" and report.gpu.gpus == gpus and report.gpu.driver_cuda == "13.0"
     [problem] = report.problems
@@ -273,10 +273,10 @@ def test_gpus_with_a_cpu_torch_are_a_warning(monkeypatch):
 def test_gpu_arch_against_the_targets(monkeypatch, arch_list, capability, warned):
     # A 9.0 target is built as 9.0a (opforge.build.cuda_archs), whose SASS runs on a 9.0 GPU.
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(doctor, "want_cuda", lambda: True)
+    monkeypatch.setattr(doctor_probes, "want_cuda", lambda: True)
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
     gpus = [doctor.GpuInfo(0, "NVIDIA GPU", capability, 80.0)]
-    monkeypatch.setattr(doctor, "_nvml_gpus", lambda: (gpus, "580.65", "13.0"))
+    monkeypatch.setattr(doctor_probes, "_nvml_gpus", lambda: (gpus, "580.65", "13.0"))
     report = collect()
     assert report.gpu.archs == (["9.0a"] if arch_list == "9.0" else ["8.0", "9.0a"])
     arch_problems = [p for p in report.problems if "not among the target archs" in p.message]

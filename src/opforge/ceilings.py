@@ -45,8 +45,13 @@ class Ceilings:
         return max(t_bytes, t_flops)
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
+    """``name`` as part of a file name: lower case, every run of other characters one dash."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+# What cli.py calls until it calls slug.
+_slug = slug
 
 
 def _median_seconds(fn: Callable[[], object], device: torch.device, reps: int) -> float:
@@ -97,7 +102,7 @@ def measure(device: torch.device, device_name: str) -> Ceilings:
 
 
 def cache_path(device_name: str) -> Path:
-    return cache_root() / "ceilings" / f"{_slug(device_name)}_torch-{_slug(torch.__version__)}.json"
+    return cache_root() / "ceilings" / f"{slug(device_name)}_torch-{slug(torch.__version__)}.json"
 
 
 def load_or_measure(device: torch.device, device_name: str, *, remeasure: bool = False) -> Ceilings:

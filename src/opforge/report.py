@@ -18,8 +18,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opforge.bench import BenchReport, BenchRow, Timing, compute_bound
-from opforge.check import CheckResult, ErrorStats
+from opforge.bench_results import BenchReport, BenchRow, compute_bound
+from opforge.bench_timing import Timing
+from opforge.check import CheckResult
+from opforge.check_values import ErrorStats
 
 # The torch.compile baseline on the CPU: inductor writes and compiles C++ for
 # each case (10-30 s apiece on two cores), longer than the rest of the main job.

@@ -72,7 +72,8 @@ def first_line(text: str) -> str | None:
     return lines[0] if lines else None
 
 
-def _version_tuple(v: str) -> tuple[int, int] | None:
+def version_tuple(v: str) -> tuple[int, int] | None:
+    """(major, minor) from a version string ("13.0", "12.4.1"), None if it has none."""
     m = re.match(r"^\s*(\d+)\.(\d+)", v)
     return (int(m[1]), int(m[2])) if m else None
 
@@ -86,6 +87,12 @@ def parse_nvcc_version(output: str) -> str | None:
     return f"{m[1]}.{m[2]}" if m else None
 
 
+def nvcc_version(nvcc: Path | str, timeout: float = 10) -> str | None:
+    """``major.minor`` of an nvcc, None when it does not run or names no release."""
+    res = run([str(nvcc), "--version"], timeout=timeout)
+    return parse_nvcc_version(res.stdout) if res else None
+
+
 def compare_cuda_versions(nvcc: str, torch_cuda: str, *, building_cuda: bool = True) -> Problem | None:
     """A problem when nvcc's CUDA differs from torch's, else None.
 
@@ -93,7 +100,7 @@ def compare_cuda_versions(nvcc: str, torch_cuda: str, *, building_cuda: bool = T
     runtime (blocking when CUDA kernels are built); a different minor version
     usually works within one major version, so it only warns.
     """
-    n, t = _version_tuple(nvcc), _version_tuple(torch_cuda)
+    n, t = version_tuple(nvcc), version_tuple(torch_cuda)
     if n is None or t is None or n == t:
         return None
     msg = f"nvcc is {nvcc} but torch was built with {torch_cuda}"
@@ -123,6 +130,24 @@ def check_nvcc(nvcc: Path, torch_cuda: str | None) -> None:
     if problem.severity == "error":
         raise BuildError(f"opforge: {problem.message} ({nvcc}). Fix: {problem.fix}")
     print(f"opforge: warning: {problem.message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ ninja
+
+
+def find_ninja() -> tuple[str, str] | None:
+    """(path, where from) of the ninja a build runs: the one on PATH, else the
+    PyPI package's (installed, its environment not activated), which the build
+    puts on PATH itself; None when there is neither."""
+    found = shutil.which("ninja")
+    if found:
+        return found, "PATH"
+    try:
+        import ninja
+    except ImportError:
+        return None
+    candidate = Path(ninja.BIN_DIR) / "ninja"
+    return (str(candidate), "pip package") if candidate.exists() else None
 
 
 # ------------------------------------------------------- libstdc++ linkage

@@ -1,0 +1,182 @@
+"""Values, compared: an operator's output against its float64 reference, element
+by element (NaN and Inf included), and the inputs that put the comparison to the
+test: allocations poisoned with NaN, special values written into the samples.
+``opforge check`` and ``opforge bench`` both judge an output by these."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from opforge.spec import OpSpec, Sample
+
+# Special values go into the small samples only: every layout, none of the
+# large ones (whose cost would double the reference check for nothing new).
+_SPECIAL_MAX_NUMEL = 4096
+
+
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors in ``obj``: itself, or those of a (nested) tuple or list, in order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in tensors(o)]
+    return []
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """While active, ``torch.empty`` (and ``at::empty`` inside our kernels) fill
+    floating tensors with NaN, so unwritten output elements cannot pass."""
+    import torch.utils.deterministic as det
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+
+
+@dataclass
+class ErrorStats:
+    """How far an output is from the reference, over all its elements."""
+
+    max_abs: float
+    max_rel: float
+    n_bad: int
+    numel: int
+    first_bad: tuple[int, ...] | None  # index of the first element out of tolerance
+    got: float | None = None  # the values there
+    want: float | None = None
+
+    def worse(self, other: ErrorStats) -> ErrorStats:
+        """The worst of both: largest errors, and the first mismatch of whichever has one."""
+        first = self if self.first_bad is not None else other
+        return ErrorStats(max(self.max_abs, other.max_abs), max(self.max_rel, other.max_rel), self.n_bad + other.n_bad,
+                          self.numel + other.numel, first.first_bad, first.got, first.want)  # fmt: skip
+
+
+def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> ErrorStats:
+    """Errors of ``out`` against ``ref``; an element is bad past ``atol + rtol * |ref|``.
+    NaN where the reference is NaN matches, and so does an Inf equal to the
+    reference rounded to ``out``'s dtype (a float64 result past float16's range
+    is float16's Inf, as in a kernel that rounds once); any other NaN or Inf, in
+    either, is bad."""
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    if o.numel() == 0:
+        return ErrorStats(0.0, 0.0, 0, 0, None)
+    r_out = ref.detach().cpu().to(out.dtype).to(torch.float64) if out.is_floating_point() else r
+    same = (torch.isnan(o) & torch.isnan(r)) | (torch.isinf(o) & (o == r_out))
+    err = torch.where(same, 0.0, (o - r).abs().nan_to_num(nan=math.inf, posinf=math.inf))
+    # A finite bound for finite values only: |finite - Inf| <= rtol * Inf would pass.
+    bad = ~(same | (torch.isfinite(o) & torch.isfinite(r) & (err <= atol + rtol * r.abs())))
+    rel = torch.where(err == 0, 0.0, err / r.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(nan=math.inf)
+    stats = ErrorStats(float(err.max()), float(rel.max()), int(bad.sum()), o.numel(), None)
+    if stats.n_bad:
+        first = int(bad.flatten().nonzero()[0])
+        stats.first_bad = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), o.shape)) if o.dim() else ()
+        stats.got, stats.want = o.flatten()[first].item(), r.flatten()[first].item()
+    return stats
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """None when ``out`` matches ``ref`` within ``atol + rtol * |ref|``, else what differs."""
+    if out.shape != ref.shape:
+        return f"shape {list(out.shape)} != reference {list(ref.shape)}"
+    e = measure_error(out, ref, atol, rtol)
+    if not e.n_bad:
+        return None
+    got, want = f"{e.got:.6g}", f"{e.want:.6g}"
+    if got == want:  # off in a digit past the sixth (float64 rounded through float32): all of them
+        got, want = f"{e.got:.17g}", f"{e.want:.17g}"
+    return (
+        f"{e.n_bad}/{e.numel} elements off (atol {atol:g}, rtol {rtol:g}): first at {list(e.first_bad or ())} "
+        f"got {got} want {want}; max abs err {e.max_abs:.3g}, max rel err {e.max_rel:.3g}"
+    )
+
+
+def unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Equal element for element, a NaN where there was a NaN included (torch.equal says NaN != NaN)."""
+    if torch.equal(before, after):
+        return True
+    if not (before.is_floating_point() or before.is_complex()) or before.shape != after.shape:
+        return False
+    return bool(((before == after) | (before.isnan() & after.isnan())).all())
+
+
+def special_values(dtype: torch.dtype) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(values that may meet each other in one element: NaN, +-Inf, +-0;
+    values that meet only ordinary ones: the smallest subnormal and one more,
+    the largest finite values). A huge value beside an Inf or another huge value
+    would test the order of a kernel's float32 operations (3 * max - 3 * max is
+    NaN in float32, 0 in the float64 reference), not the kernel."""
+    fi = torch.finfo(dtype)
+    subnormal = fi.tiny * fi.eps
+    return (math.nan, math.inf, -math.inf, 0.0, -0.0), (subnormal, -subnormal, fi.tiny / 2, fi.max, -fi.max)
+
+
+def _copy_with_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its strides and storage offset: a transposed,
+    strided or offset view stays one, and the kernel meets the same layout."""
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    base = torch.zeros(t.storage_offset() + span, dtype=t.dtype, device=t.device)
+    return base.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(t)
+
+
+def with_special_values(spec: OpSpec, sample: Sample, dtype: torch.dtype, gen: torch.Generator) -> Sample | None:
+    """A copy of ``sample`` with special values written into its floating inputs
+    (each laid out as before; ``sample`` itself is left as it is), or None where
+    there is nowhere to write them (no floating input, an empty or large one,
+    or one whose elements share memory). Per element of inputs of one shape:
+    half left as drawn; a quarter with one input (chosen at random) given any
+    special value; a quarter with every input given NaN, +-Inf or +-0. Inputs
+    of different shapes are treated each alone."""
+    mutated = set(spec.mutated_args)
+    positions = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor) and a.is_floating_point() and i not in mutated]
+    originals = Sample(tuple(sample.args[i] for i in positions))
+    if not positions or not small(originals, _SPECIAL_MAX_NUMEL) or self_overlapping(originals):
+        return None
+    args = list(sample.args)
+    for i in positions:
+        args[i] = _copy_with_layout(sample.args[i].detach())
+    inputs = [args[i] for i in positions]
+    device = inputs[0].device
+    meeting, alone = (torch.tensor(v, dtype=torch.float64, device=device) for v in special_values(dtype))
+    every = torch.cat([meeting, alone])
+    groups = [inputs] if all(t.shape == inputs[0].shape for t in inputs) else [[t] for t in inputs]
+
+    def pick(values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        return values[torch.randint(0, len(values), shape, generator=gen, device=device)].to(dtype)
+
+    with torch.no_grad():
+        for group in groups:
+            shape = group[0].shape
+            mode = torch.randint(0, 4, shape, generator=gen, device=device)
+            chosen = torch.randint(0, len(group), shape, generator=gen, device=device)
+            for k, t in enumerate(group):
+                value = torch.where(mode == 3, pick(meeting, shape), pick(every, shape))
+                t.copy_(torch.where((mode == 3) | ((mode == 2) & (chosen == k)), value, t))
+    return Sample(tuple(args), sample.kwargs, f"{sample.desc}, special values")
+
+
+def small(sample: Sample, limit: int) -> bool:
+    """Every tensor argument has between 1 and ``limit`` elements."""
+    ts = tensors(sample.args)
+    return all(0 < t.numel() <= limit for t in ts)
+
+
+def self_overlapping(sample: Sample) -> bool:
+    """True if an input has elements sharing memory (an expanded view):
+    gradcheck cannot perturb those one at a time."""
+    return any(st == 0 and sz > 1 for t in tensors(sample.args) for st, sz in zip(t.stride(), t.shape, strict=True))
