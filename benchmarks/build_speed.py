@@ -12,11 +12,25 @@ temporary directory), so nothing is shared but the compiler's page cache:
 * ``rebuild``: rebuild after one op's source changed (the other ops' objects reused);
 * ``wheel``: ``pip wheel --no-build-isolation`` of the project, the setuptools route.
 
+``--byo FOLDER`` measures a user's folder (``tests/fixtures/add2_pybind``: a
+pybind11 module whose binding includes ``torch/extension.h``), each step a
+fresh ``opforge build`` process, against ``torch.utils.cpp_extension.load`` of
+the same sources and flags:
+
+* cold, ``OPFORGE_PCH=0`` (no precompiled header), and cold with it (an empty
+  cache: the header is precompiled first);
+* fully cached (the same folder again);
+* warm: a second copy of the folder, the precompiled header in the cache and
+  no objects for it (another project that begins with the same torch headers);
+* edited: one line appended to the binding, rebuilt (the loop of someone working on it);
+* ``load`` cold (an empty build directory) and again (torch finds its build).
+
 Run::
 
     python benchmarks/build_speed.py [--cases cold,warm] [--repeat 3] [--json FILE]
     python benchmarks/build_speed.py --per-file [--json FILE]   # each translation unit alone
     python benchmarks/build_speed.py --markdown FILE.json       # the README's table
+    python benchmarks/build_speed.py --cases "" --byo tests/fixtures/add2_pybind --json FILE
 
 ``--repeat N`` runs the cold build N times, each on an empty cache, and
 reports the fastest (every run and the load average before it are kept in the
@@ -301,6 +315,75 @@ def cases(base: dict[str, str], tmp: Path, which: list[str], repeat: int) -> tup
     return rows, cold_runs
 
 
+def _run_timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """The wall time of a command (a fresh interpreter: torch's import included), and its output."""
+    start = time.perf_counter()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - start
+    if res.returncode != 0:
+        raise SystemExit(f"build_speed: {' '.join(cmd)} failed:\n{(res.stdout + res.stderr)[-3000:]}")
+    return seconds, res.stdout + res.stderr
+
+
+_TORCH_LOAD = (
+    "import sys\nfrom torch.utils.cpp_extension import load\n"
+    "out, includes, sources = sys.argv[1], sys.argv[2].split(','), sys.argv[3:]\n"
+    "load(name='byo_torch_load', sources=sources, extra_include_paths=includes, extra_cflags=['-O3'],\n"
+    "     build_directory=out, verbose=False)\n"
+)
+
+
+def byo(base: dict[str, str], tmp: Path, folder: Path) -> tuple[list[tuple[str, float, str]], dict]:
+    """A user's folder by ``opforge build`` and by torch's ``load``; see the module's doc."""
+    env = {**base, "OPFORGE_NO_AUTOLOAD": "1", "OPFORGE_BUILD_CUDA": "0"}
+    build = [sys.executable, "-m", "opforge", "build"]
+    rows: list[tuple[str, float, str]] = []
+    loads: dict[str, float] = {}
+    name = folder.name
+
+    def step(label: str, cmd: list[str], cache: Path, route: str, **extra: str) -> str:
+        loads[label] = _load()
+        seconds, log = _run_timed(cmd, {**env, "OPFORGE_CACHE_DIR": str(cache), **extra})
+        rows.append((label, seconds, route))
+        print(f"  {label}: {seconds:.2f} s (load average before: {loads[label]})", flush=True)
+        return log
+
+    def copy(to: str) -> Path:
+        return Path(shutil.copytree(folder, tmp / to / name))
+
+    nopch = [*build, str(copy("nopch"))]
+    step(f"{name}: cold, no precompiled header (OPFORGE_PCH=0)", nopch, tmp / "byo-nopch", "opforge build", OPFORGE_PCH="0")
+    cache = tmp / "byo-cache"
+    first = copy("first")
+    log = step(f"{name}: cold, precompiled header built first", [*build, str(first)], cache, "opforge build")
+    built_pch = "precompiling" in log
+    pch = [json.loads(m.read_text()) for m in cache.glob("pch-*/COMPLETE.json")]
+    step(f"{name}: fully cached (the same folder again)", [*build, str(first)], cache, "opforge build")
+    second = copy("second")
+    step(f"{name}: warm (another folder, precompiled header in the cache)", [*build, str(second)], cache, "opforge build")
+    edited = max(second.rglob("*.cpp"), key=lambda p: "torch/" in p.read_text())  # the binding: what someone edits
+    edited.write_text(edited.read_text() + "\n// edited\n")
+    step(f"{name}: one line of {edited.name} edited, rebuilt", [*build, str(second)], cache, "opforge build")
+
+    sources = sorted(str(p) for p in copy("torch").rglob("*.cpp"))
+    includes = ",".join(sorted({str(p.parent) for p in (tmp / "torch" / name).rglob("*.h")} | {str(tmp / "torch" / name)}))
+    out = tmp / "torch-build"
+    out.mkdir()
+    load_cmd = [sys.executable, "-c", _TORCH_LOAD, str(out), includes, *sources]
+    step(f"{name}: torch.utils.cpp_extension.load, cold", load_cmd, tmp / "unused", "torch load")
+    step(f"{name}: torch.utils.cpp_extension.load, again (its build found)", load_cmd, tmp / "unused", "torch load")
+    details = {
+        "folder": str(folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder),
+        "precompiled_header_built_in_cold_run": built_pch,
+        "precompiled_headers": [
+            {"headers": p.get("headers"), "seconds": p.get("seconds"), "size_mb": round(p.get("size", 0) / 2**20, 1)} for p in pch
+        ],
+        "load_before": loads,
+        "note": "each step is the wall time of a fresh process (python, torch's import and the build)",
+    }
+    return rows, details
+
+
 def markdown(report: dict) -> str:
     """The README's table: one row per case, then the per-file table if measured."""
     where = f"{report.get('gpu') or 'CPU only'}; {report.get('cpu', report.get('machine'))}, {report.get('cores')} cores"
@@ -336,6 +419,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="cold builds to run; the fastest is reported")
     p.add_argument("--per-file", action="store_true", help="also compile each translation unit alone")
     p.add_argument("--markdown", type=Path, default=None, metavar="JSON", help="print the markdown table of a results file and exit")
+    p.add_argument("--byo", type=Path, default=None, metavar="FOLDER", help="also a user's folder: opforge build against torch's load")
+    p.add_argument("--note", default=None, help="a line kept in the JSON (the machine's state, what else ran)")
     args = p.parse_args()
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())), end="")
@@ -349,6 +434,10 @@ def main() -> None:
     base = {**os.environ, "PYTHONPATH": str(SRC), "OPFORGE_CACHE_DIR": str(tmp / "cache")}
     rows, cold_runs = cases(base, tmp, which, max(1, args.repeat))
     per = per_file({**base, "OPFORGE_CACHE_DIR": str(tmp / "per-file")}) if args.per_file else None
+    byo_details = None
+    if args.byo is not None:
+        byo_rows, byo_details = byo(base, tmp, args.byo.resolve())
+        rows += byo_rows
 
     import torch
 
@@ -370,6 +459,10 @@ def main() -> None:
     }
     if per is not None:
         report["per_file"] = per
+    if byo_details is not None:
+        report["byo"] = byo_details
+    if args.note:
+        report["note"] = args.note
     print(f"build speed: {report['cpu']}, {os.cpu_count()} cores, torch {torch.__version__}, {report['date'][:10]}")
     width = max((len(c) for c, _, _ in rows), default=0)
     for c, s, r in rows:

@@ -19,7 +19,13 @@
 // warm-ups; cuBLAS (cublasGemmEx, or cublasSgemm/Dgemm with
 // CUBLAS_DEFAULT_MATH: no TF32) timed the same way. The split-K variants
 // (_sk<splits>) are timed on the few-row shapes they are for.
+//
+// Built with -DOPF_TUNE_NO_CUBLAS (scripts/nvcc_check.sh, where the toolkit
+// has no cuBLAS headers) every variant still compiles, and the driver refuses
+// to run: cuBLAS is its reference and its baseline.
+#ifndef OPF_TUNE_NO_CUBLAS
 #include <cublas_v2.h>
+#endif
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +46,7 @@
 using namespace opforge;
 using namespace opforge::gemm;
 
+#ifndef OPF_TUNE_NO_CUBLAS
 #define CHECK_BLAS(x)                                                      \
   do {                                                                     \
     cublasStatus_t s_ = (x);                                               \
@@ -48,6 +55,7 @@ using namespace opforge::gemm;
       std::exit(1);                                                        \
     }                                                                      \
   } while (0)
+#endif
 
 // ---------------------------------------------------------------------------
 // Device helpers
@@ -299,7 +307,9 @@ struct Case {
   Problem p() const { return Problem{a, b, c, M, N, K}; }
 };
 
+#ifndef OPF_TUNE_NO_CUBLAS
 static cublasHandle_t g_blas;
+#endif
 static uint64_t g_seed = 1;
 
 template <typename T, typename U>
@@ -356,6 +366,10 @@ static Scratch g_scratch;
 
 static size_t workspace_of(const Variant& v, const Problem& p) { return v.workspace ? v.workspace(p) : 0; }
 
+#ifdef OPF_TUNE_NO_CUBLAS
+static void blas_ref(Case&) {}
+static void blas_native(const Case&) {}
+#else
 // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets (B, A) and (N, M).
 static void blas_ref(Case& cs) {
   if (cs.dt == DType::Float64) {
@@ -392,9 +406,10 @@ static void blas_native(const Case& cs) {
     }
   }
 }
+#endif
 
 // Waits for the device, but gives up after 30 s: a kernel that deadlocks
-// (an mbarrier phase never completing) must not eat the whole GPU lease.
+// (an mbarrier phase never completing) must not eat the whole GPU run.
 static cudaError_t sync_or_die(const char* what) {
   const auto start = std::chrono::steady_clock::now();
   cudaError_t st;
@@ -542,10 +557,15 @@ int main(int argc, char** argv) {
   int drv = 0, rt = 0;
   CHECK(cudaDriverGetVersion(&drv));
   CHECK(cudaRuntimeGetVersion(&rt));
+  int blas_ver = 0;
+#ifdef OPF_TUNE_NO_CUBLAS
+  std::printf("gemm_tune was built without cuBLAS (-DOPF_TUNE_NO_CUBLAS): nothing to compare with\n");
+  return 2;
+#else
   CHECK_BLAS(cublasCreate(&g_blas));
   CHECK_BLAS(cublasSetMathMode(g_blas, CUBLAS_DEFAULT_MATH));  // no TF32 for float32
-  int blas_ver = 0;
   CHECK_BLAS(cublasGetVersion(g_blas, &blas_ver));
+#endif
   if (const char* err = device_info(g_info)) {
     std::printf("device_info: %s\n", err);
     return 1;

@@ -1,18 +1,19 @@
-// Checking and tuning the W4A8 GEMM kernel (csrc/ops/qqq_gemm/qqq_gemm_kernel.cuh)
+// Checking and tuning the W4A8 GEMM kernels (csrc/ops/qqq_gemm/qqq_*.cuh)
 // without torch: every tile configuration below is first compared bit for bit
 // with a CPU reference (the op's CPU kernel's arithmetic: exact int32 sums, the
 // same float32 epilogue) on odd shapes, per channel and per group, with forced
-// split counts; a bad group scale must give NaN. Then each is timed on issue
-// 8's shapes (K = N = 8192, 4096 x 11008, 11008 x 4096; M = 1 .. 128) against
+// split counts; a bad group scale must give NaN. Then each is timed on the
+// target shapes (K = N = 8192, 4096 x 11008, 11008 x 4096; M = 1 .. 128) against
 // the weight-read floor (packed bytes at the measured device copy bandwidth).
 //
 //   nvcc -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a \
-//        benchmarks/qqq_tune.cu -o /tmp/qqq_tune && /tmp/qqq_tune
+//        benchmarks/qqq_tune.cu -o /tmp/qqq_tune && /tmp/qqq_tune [--MODE]
+//   (or: bash benchmarks/gpu_run.sh tune qqq [--MODE])
 //
 // Times: CUDA events around the call alone (plan, counter memset and kernel),
 // median of 25 calls after 3 warm-ups, the L2 flushed before each call by
-// writing 256 MB ("dirty", as opforge bench does) or by reading 256 MB
-// ("clean"); the op's launcher is also timed without a flush. Prints "FAIL"
+// writing 256 MB ("dirty") or by reading 256 MB ("clean", as opforge bench
+// does); the op's launcher is also timed without a flush. Prints "FAIL"
 // lines and exits 1 on any mismatch. `--check-only`: the op configurations'
 // checks alone; `--sanitize`: a few small ones (for compute-sanitizer).
 #include <cuda_fp16.h>
@@ -29,12 +30,12 @@
 #include <vector>
 
 // The op's launcher in this translation unit: its configurations, its plan
-// (qqq_gemm_cuda) and the kernel templates.
-#include "ops/qqq_gemm/qqq_gemm_kernel.cu"
+// (qqq::dispatch, what qqq_gemm_cuda runs) and the kernel templates.
+#include "ops/qqq_gemm/qqq_dispatch.cuh"
 #include "tune_common.cuh"
 
 using namespace opforge;
-using qqq::Config;
+using namespace opforge::qqq;
 
 
 static int g_failures = 0;
@@ -264,12 +265,12 @@ static void check_op_launcher(int sms) {
     const Problem p = make_problem(c[0], c[1], c[2], c[3], 77u + c[0] + c[1]);
     const std::vector<float> ref = reference(p);
     Device d = upload(p, DType::Float32);
-    d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs));
+    d.ws_bytes = static_cast<size_t>(qqq::workspace_bytes(p.M, p.N, p.K, p.gs));
     if (d.ws_bytes) CHECK(cudaMalloc(&d.ws, d.ws_bytes));
     for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be left as found
       ++runs;
       CHECK(cudaMemset(d.out, 0xFF, static_cast<size_t>(p.M) * p.N * 4));
-      const char* err = qqq_gemm_cuda(args_of(p, d, DType::Float32), nullptr);
+      const char* err = qqq::dispatch(args_of(p, d, DType::Float32), nullptr);
       CHECK(cudaDeviceSynchronize());
       std::vector<float> got(ref.size());
       CHECK(cudaMemcpy(got.data(), d.out, got.size() * 4, cudaMemcpyDeviceToHost));
@@ -283,7 +284,7 @@ static void check_op_launcher(int sms) {
     }
     release(d);
   }
-  std::printf("check %-28s %d/%d runs bit-exact\n", "op launcher (qqq_gemm_cuda)", ok, runs);
+  std::printf("check %-28s %d/%d runs bit-exact\n", "op launcher (qqq::dispatch)", ok, runs);
 }
 
 // --- timing ---
@@ -390,12 +391,12 @@ static void time_op(Timed& t, float read_dirty, float read_clean) {
   const Problem& p = t.p;
   if (t.d.ws) CHECK(cudaFree(t.d.ws));
   t.d.ws = nullptr;
-  t.d.ws_bytes = static_cast<size_t>(qqq_gemm_workspace_bytes(p.M, p.N, p.K, p.gs));
+  t.d.ws_bytes = static_cast<size_t>(qqq::workspace_bytes(p.M, p.N, p.K, p.gs));
   if (t.d.ws_bytes) CHECK(cudaMalloc(&t.d.ws, t.d.ws_bytes));
   const QqqGemmArgs args = args_of(p, t.d, DType::Float16);
   float us[3];
   for (Flush f : {Flush::Dirty, Flush::Clean, Flush::None})
-    us[static_cast<int>(f)] = median_us([&] { qqq_gemm_cuda(args, nullptr); }, f);
+    us[static_cast<int>(f)] = median_us([&] { qqq::dispatch(args, nullptr); }, f);
   std::printf("op   K=%5d N=%5d M=%3d %-9s dirty %7.2f us (%4.1f%% of floor, read-only %6.2f)  clean %7.2f us (%4.1f%%, "
               "read-only %6.2f)  no flush %7.2f us\n",
               p.K, p.N, p.M, p.gs > 0 ? "group128" : "channel", us[0], 100 * floor_us(p) / us[0], read_dirty, us[1],
@@ -420,9 +421,8 @@ using S_32x512_6st = Config<1, 1, 1, 8, 2, 6, 1>;
 using D_2x4_12 = Config<1, 1, 2, 4, 4, 12, 1, true>;
 using D_4x2_8 = Config<1, 1, 4, 2, 4, 8, 1, true>;
 
-// The warp-specialised wgmma kernel (qqq_ws_kernel, sm_90a), --ws:
+// The warp-specialised wgmma kernel (qqq_ws.cuh, sm_90a), --ws:
 // <BM, consumer warpgroups, stages, fragment sets, MINB>.
-using qqq::WsConfig;
 using WS128x2 = WsConfig<128, 2, 4, 2>;
 using WS128x2f4 = WsConfig<128, 2, 4, 4>;
 using WS128x1 = WsConfig<128, 1, 6, 2>;
@@ -538,7 +538,7 @@ static void ws_probe(int sms) {
   release(weights);  // the weights-only Device: w, sc, sg
 }
 
-// --ws-probe under QQQ_NCU_ONLY (gpu_run.sh ws-probe's ncu step, -c 2): the
+// --ws-probe under QQQ_NCU_ONLY (experiments/qqq_ncu.sh probe's ncu step, -c 2): the
 // two calls ncu profiles, and nothing before them.
 static void ws_probe_ncu(int sms) {
   Device weights = make_weights(8192, 8192, -1);
@@ -580,9 +580,9 @@ static void ws_m(int sms) {
 
 // --fold: the group scales folded per slot (per group 128) at M = 1 .. 128
 // beside the op's choice, the staged tiles and the in-conversion scales; the
-// wgmma kernel per channel at M <= 16 (the direct kernel's range). The run in
-// benchmarks/results/qqq-fold_... also timed two sets of partial sums
-// (WsConfig's FOLD was a count then), since removed.
+// wgmma kernel per channel at M <= 16 (the direct kernel's range). Its first
+// run also timed two sets of partial sums (WsConfig's FOLD was a count then;
+// benchmarks/qqq_notes.md), since removed.
 static void fold_m(int sms) {
   check_config<WS32fold_b1>("WS32fold_b1", sms);
   if (g_failures) return;
@@ -632,8 +632,8 @@ static void m128(int sms) {
 
 // --rows32: at M = 64 and 128, both schemes, the 32-row tiles (Ws32 at one
 // CTA per SM, Ws32Group's shape at two) against Ws64 and the op's choice:
-// smaller tiles, more CTAs. (benchmarks/results/qqq-rows32_... was run as
-// --m128 with QQQ_M128_ROWS32 set, the same cases.)
+// smaller tiles, more CTAs. (results/qqq-rows32_nvidia-h200_2026-11-23.txt
+// was run as --m128 with QQQ_M128_ROWS32 set, the same cases.)
 static void rows32(int sms) {
   for_small_cases(
       {64, 128}, [](const Device&, int, int, float) {},

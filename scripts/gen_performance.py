@@ -47,7 +47,7 @@ class Source:
 
 # Family -> its result files, in the order the family's table reads them.
 FAMILIES: dict[str, tuple[Source, ...]] = {
-    "gpu-elementwise": (Source("nvidia-h200_*_memlimit-readflush.json"), Source("nvidia-h200_*_fused-readflush.json")),
+    "gpu-elementwise": (Source("nvidia-h200_*_elementwise.json"), Source("nvidia-h200_*_fused.json")),
     "gpu-layouts": (Source("nvidia-h200_*_layouts.json"),),
     "cpu-elementwise": (
         Source("cpu-amd-epyc-2threads_*_elementwise-interleaved.json"),

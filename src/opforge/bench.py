@@ -8,7 +8,7 @@ after checking that it is right, and against what the machine can do.
   before each timed call (a buffer twice the L2 size is read), warm-up first.
   The GPU does not wait for Python between a start event and the call it times:
   queuing a call costs the host less than the flush before it takes on the GPU
-  (benchmarks/bench_timing.py: batched, synchronised after each call and queued
+  (benchmarks/experiments/bench_timing.py: batched, synchronised after each call and queued
   behind a spin kernel agree within 0.4 us on an H200, down to 2^14-element adds).
   ``graph=True`` replays the call from a CUDA graph, removing launch overhead.
 * CPU: ``time.perf_counter`` around each call, warm-up first.

@@ -4,7 +4,7 @@
   before each timed call (a buffer twice the L2 size is read), warm-up first.
   The GPU does not wait for Python between a start event and the call it times:
   queuing a call costs the host less than the flush before it takes on the GPU
-  (benchmarks/bench_timing.py: batched, synchronised after each call and queued
+  (benchmarks/experiments/bench_timing.py: batched, synchronised after each call and queued
   behind a spin kernel agree within 0.4 us on an H200, down to 2^14-element adds).
   ``graph=True`` replays the call from a CUDA graph, removing launch overhead.
 * CPU: ``time.perf_counter`` around each call, warm-up first.
@@ -108,7 +108,7 @@ class Timer:
         # full of dirty lines whose write-back the timed call then paid for,
         # several us for a call that reads ~32 MB (fp16 matmul at M=1, K=N=8192
         # on an H200: 46.6 us after a zeroing flush, 38.1 after a reading one;
-        # benchmarks/qqq_flush.py).
+        # benchmarks/experiments/qqq_flush.py).
         self._flush = torch.ones(max(2 * self.l2_bytes, 1 << 20) // 4, dtype=torch.float32, device=device)
 
     def batch(self, call: Callable[[int], Any]) -> Callable[[int], list[float]]:

@@ -9,7 +9,7 @@
 //
 // The tile shapes and split-K constants below are the tuning constants; each
 // carries the measurement that chose it (benchmarks/gemm_notes.md has the
-// tables), or, for split-K, the arithmetic behind it until it is measured.
+// tables).
 
 #include <cuda_runtime.h>
 
@@ -47,37 +47,21 @@ using SimtSkinny16 = SimtTile<16, 64, 32, 16, 32, 4, 4>;
 using SimtSkinny32 = SimtTile<32, 32, 32, 32, 16, 4, 4>;
 using SimtF64 = SimtTile<64, 64, 8, 32, 32, 4, 8>;
 
-// ---- split-K for the SIMT tiles (gemm_simt.cuh), all three constants TO BE
-// MEASURED (benchmarks/gemm_tune.cu times splits 1-16 on the skinny shapes;
-// gemm_notes.md, "Split-K"). Until then, the arithmetic:
+// ---- split-K for the SIMT tiles (gemm_simt.cuh). Measured on the H200
+// (gemm_tune --only simt; benchmarks/gemm_notes.md, "Split-K" has the tables
+// and the arithmetic behind each constant): the three give 145.5 %, 105.4 %
+// and 80.6 % of cuBLAS on 16 x 8192 x 8192, 32 x 8192 x 8192 and 64 x 4096 x
+// 4096, each within 3 % of the best of 1-16 splits over four tiles.
 //
-// Split only when the tile grid gives fewer than 2 CTAs per SM. 16 x 8192 x
-// 8192 unsplit makes 128 CTAs of 16 x 64 on 132 SMs: 221 us for 269 MB, 1.2
-// TB/s, a quarter of the 4.3 TB/s the H200 copies at. Little's law at ~1 us
-// of loaded DRAM latency asks for ~4.3 MB in flight, ~33 KB per SM; such a CTA
-// has one K-slice of A and B in flight (16 x 32 + 32 x 64 floats, 10 KB)
-// while it computes on the previous one: one CTA per SM has ~10 KB, and 1.2
-// of 4.3 TB/s is what that predicts.
+// Split only below 2 CTAs per SM: one CTA per SM keeps ~10 KB in flight, and
+// 16 x 8192 x 8192 unsplit streams B at 1.2 of the 4.3 TB/s the H200 copies at.
 constexpr int64_t kSplitBelowTilesPerSm = 2;
-// Aim at 8 resident CTAs per SM (capped by what the kernel's registers and
-// shared memory let an SM hold, so that the split grid is one wave): 8 x 10
-// KB = 80 KB in flight per SM, 2.4x the 33 KB above, and the occupancy limit
-// of the 16 x 64 x 32 kernel itself (127 registers x 64 threads; 8 x 21.5 KB
-// of shared memory fit in 228). 16 x 8192 x 8192: 128 tiles x 8 splits =
-// 1024 CTAs, 7.8 per SM.
+// 8 resident CTAs per SM (fewer where the kernel's registers and shared memory
+// allow fewer), so that the split grid is one wave: ~80 KB in flight per SM.
 constexpr int kSplitCtasPerSm = 8;
-// At least 1024 of K per split (so K >= 2048 to split at all): a CTA then
-// runs >= 32 K-slices of 32 (64 of 16), so its one unoverlapped first load
-// (~1 us) is a small part of its life, and its partial tile, written once and
-// read once by the reduction, is <= 3 % of the A and B bytes it reads (64 x
-// 64 tiles: 64 * 64 / ((64 + 64) * 1024); 16 x 64: 0.8 %). It also keeps
-// 1024^3 (256 tiles of 64 x 64, 86.8 % of cuBLAS unsplit) as measured.
+// At least 1024 of K per split: the unoverlapped first load and the partial
+// tile's round trip stay a few % of a split's work, and 1024^3 stays unsplit.
 constexpr int64_t kSplitMinK = 1024;
-// With 132 SMs the three give: 16 x 8192 x 8192, 8 splits of 1024 (16 x 64
-// tiles); 32 x 8192 x 8192, 4 of 2048 (256 tiles of 32 x 32); 64 x 4096 x
-// 4096, 4 of 1024 (64 tiles of 64 x 64, 4 resident a SM; kSplitMinK binds).
-// Measured on the H200 (gemm_tune, benchmarks/gemm_notes.md): 145.5 %, 105.4 %
-// and 80.6 % of cuBLAS, each within 3 % of the best of 1-16 splits over four tiles.
 
 // ---- float16 / bfloat16 through mma.sync (gemm_mma.cuh): the sm_80 path and
 // the fallback. On the H200 it reaches 30-45 % of cuBLAS (which uses wgmma

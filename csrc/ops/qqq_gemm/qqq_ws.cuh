@@ -1,7 +1,7 @@
 #pragma once
-// qqq_gemm at larger M on Hopper (sm_90a): a warp-specialised kernel with
-// wgmma s8. Included by qqq_gemm_kernel.cuh (Params, place_of, the INT4 ->
-// INT8 conversions and store helpers come from there).
+// qqq_gemm on Hopper (sm_90a): a warp-specialised kernel with wgmma s8, from
+// M = 8 per channel and from M = 1 per group when the group scales fold
+// (qqq_dispatch.cuh says where).
 //
 // The product is computed transposed: out^T [N, M] = W^T [N, K] x a^T [K, M],
 // so that the weights are wgmma's register A operand (64 weight columns x 32 k
@@ -24,7 +24,10 @@
 // No barrier of the whole CTA inside the loop. Split-K and the epilogue as the
 // other kernels.
 
+#include <cstdint>
+
 #include "opforge/sm90a.cuh"
+#include "qqq_common.cuh"
 #include "qqq_wgmma_ops.cuh"
 
 namespace opforge::qqq {
@@ -42,7 +45,7 @@ struct WsConfig {
   // instead of the group scale in every weight byte's conversion. (A second
   // set of partial sums, for the next slot's wgmmas to run during the fold,
   // was slower: ptxas serialises wgmmas whose accumulators other instructions
-  // read before a wait_group 0; qqq-fold_nvidia-h200_2026-11-23.txt.)
+  // read before a wait_group 0.)
   static constexpr bool FOLD = FOLD_;
   // Whether a launch with this group_size (-1: per channel) folds.
   static constexpr bool folds(int64_t group_size) { return FOLD && group_size > 0 && group_size % BK == 0; }

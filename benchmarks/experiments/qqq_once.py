@@ -1,8 +1,8 @@
 """Two calls of qqq_gemm at M = 1, K = N = 8192, per channel then per group 128: a
-small target for ncu's source-level sections (`gpu_run.sh ncu-qqq`), where
+small target for ncu's source-level sections (`qqq_ncu.sh calls`), where
 `opforge profile` prints only the summary.
 
-    ncu -k regex:qqq_gemm_kernel --launch-skip 1 --launch-count 3 python benchmarks/qqq_once.py
+    ncu -k regex:qqq_gemm_kernel --launch-skip 1 --launch-count 3 python benchmarks/experiments/qqq_once.py
 """
 
 from __future__ import annotations

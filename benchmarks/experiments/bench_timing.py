@@ -7,7 +7,7 @@ from ~10 us to ~100 us of device time, three ways:
   the wait would be timed;
 * hold: the same batches queued behind a 2 ms spin kernel (torch.cuda._sleep),
   so that the GPU cannot catch up with the host inside a batch;
-* sync: one call at a time, synchronised after each (benchmarks/qqq_flush.py):
+* sync: one call at a time, synchronised after each (qqq_flush.py beside this file):
   the host queues the call while the flush runs.
 
 Prints the median per call (us, 30 calls after warm-up) and the host time to
@@ -17,7 +17,7 @@ set and rotated over the bench's input sets (opforge.bench.input_sets: a case
 that fits in L2 gets several permuted copies): is the rotation what makes the
 bench's samples of these calls bimodal?
 
-    python benchmarks/bench_timing.py
+    python benchmarks/experiments/bench_timing.py
 """
 
 from __future__ import annotations

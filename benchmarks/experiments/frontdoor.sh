@@ -4,11 +4,11 @@
 # compilers (its CXX links libstdc++ statically: the build must fall back by
 # itself), then the elementwise layout cases, the stable-ABI scaffold's tests
 # and the build speed. Logs and JSON under $OUT; a short summary last.
-#   bash benchmarks/gpu_frontdoor.sh          # main job, layouts, stable ABI, build speed
-#   bash benchmarks/gpu_frontdoor.sh main     # the main job alone
-#   bash benchmarks/gpu_frontdoor.sh tests    # every CUDA test in parallel (scripts/test_gpu.sh)
+#   bash benchmarks/experiments/frontdoor.sh          # main job, layouts, stable ABI, build speed
+#   bash benchmarks/experiments/frontdoor.sh main     # the main job alone
+#   bash benchmarks/experiments/frontdoor.sh tests    # every CUDA test in parallel (scripts/test_gpu.sh)
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-/tmp/opforge-out}
 mkdir -p "$OUT"
 export PIP_NO_INDEX=1 PYTHONUNBUFFERED=1 OPFORGE_CACHE_DIR=${OPFORGE_CACHE_DIR:-/tmp/opforge-frontdoor}

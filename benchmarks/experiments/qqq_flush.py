@@ -10,7 +10,7 @@ with the L2 flushed before each call two ways:
 
 CUDA events around the call alone, median of 30 after 3 warm-ups.
 
-    python benchmarks/qqq_flush.py
+    python benchmarks/experiments/qqq_flush.py
 """
 
 from __future__ import annotations
