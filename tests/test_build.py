@@ -334,11 +334,12 @@ def test_build_cuda_yes_on_a_cpu_torch_is_refused(monkeypatch):
 
 def test_cuda_archs_from_the_gpus_and_default(monkeypatch):
     import opforge.build as ob
+    from opforge.build import archs
 
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    monkeypatch.setattr(ob, "_nvml_capabilities", lambda: {(9, 0), (8, 0)})
+    monkeypatch.setattr(archs, "_nvml_capabilities", lambda: {(9, 0), (8, 0)})
     assert ob.cuda_archs() == ("8.0", "9.0a")
-    monkeypatch.setattr(ob, "_nvml_capabilities", lambda: None)
+    monkeypatch.setattr(archs, "_nvml_capabilities", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert ob.cuda_archs() == ("8.0", "9.0a")
 

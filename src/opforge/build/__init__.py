@@ -8,12 +8,11 @@ has no good copy and loads it.
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
+from opforge.build.archs import cuda_archs, cuda_home, gencode_flags
 from opforge.build.discover import walk
 from opforge.build.errors import BuildError, Diagnostic, parse_diagnostics
 from opforge.build.jit import BuildConfig, Library, build_library, cache_root, check_safe_to_load, load_library, load_module
@@ -86,82 +85,6 @@ def want_cuda() -> bool:
         return False
     home = cuda_home()
     return home is not None and (home / "bin" / "nvcc").exists()
-
-
-def cuda_home() -> Path | None:
-    """Where the CUDA toolkit is, found as torch.utils.cpp_extension finds it
-    (CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda) without importing
-    that module: it pulls in setuptools, about 0.5 s of every import."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        return Path(nvcc).resolve().parent.parent
-    default = Path("/usr/local/cuda")
-    return default if default.exists() else None
-
-
-def cuda_archs() -> tuple[str, ...]:
-    """Target compute capabilities: ``TORCH_CUDA_ARCH_LIST`` if set, else the
-    visible GPUs', else sm_80 and sm_90a (a CUDA build on a machine without GPUs).
-
-    A 9.0 target is always built as 9.0a: Hopper's warpgroup MMA (``wgmma``)
-    and ``setmaxnreg``, which the GEMM kernels use, exist only in sm_90a code,
-    and an sm_90a cubin runs on every 9.0 GPU. Sorted oldest first, by number.
-    """
-    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
-    if env:
-        return _normalise_archs(a.removesuffix("+PTX") for a in env)
-    caps = _nvml_capabilities()
-    if caps is None and torch.cuda.is_available():
-        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
-    if caps:
-        return _normalise_archs(f"{ma}.{mi}" for ma, mi in caps)
-    return ("8.0", "9.0a")
-
-
-def _arch_number(arch: str) -> tuple[int, int]:
-    """(major, minor) of "9.0" or "9.0a"."""
-    major, minor = arch.removesuffix("a").split(".")
-    return int(major), int(minor)
-
-
-def _normalise_archs(archs: Iterable[str]) -> tuple[str, ...]:
-    # "9.0" and "9.0a" name one target (sm_90a SASS); numeric order, so 10.0 sorts after 9.0a.
-    named = {"9.0a" if a.strip() in ("9.0", "9.0a") else a.strip() for a in archs}
-    return tuple(sorted(named, key=_arch_number))
-
-
-def _nvml_capabilities() -> set[tuple[int, int]] | None:
-    """The machine's GPU compute capabilities through NVML, or None.
-
-    Asking torch would initialise CUDA at ``import opforge`` (hundreds of ms,
-    and a forked DataLoader worker could then no longer use CUDA). NVML lists
-    every GPU, ignoring CUDA_VISIBLE_DEVICES: a superset of archs, never a
-    missing one.
-    """
-    from opforge import nvml
-
-    found = nvml.query()
-    if found is None:
-        return None
-    return {(int(g.capability.split(".")[0]), int(g.capability.split(".")[1])) for g in found[0]} or None
-
-
-def gencode_flags(archs: tuple[str, ...]) -> list[str]:
-    """SASS for each arch ("9.0a": sm_90a), plus PTX of the newest one without
-    its "a", so that a newer GPU can still JIT the kernels: arch-specific PTX
-    (compute_90a) runs on no other GPU. Kernels that need sm_90a features
-    compile to a trap in that portable PTX and are never launched from it (the
-    launchers check the device and the loaded image first)."""
-    flags = []
-    for arch in archs:
-        num = arch.replace(".", "")
-        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-    newest = max(archs, key=_arch_number).removesuffix("a").replace(".", "")
-    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
-    return flags
 
 
 _gencode_flags = gencode_flags  # the name tests and older callers use

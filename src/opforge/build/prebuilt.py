@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from opforge.build.archs import arch_covered
 from opforge.build.errors import BuildError
 from opforge.build.jit import BuildConfig, Library, check_safe_to_load
 
@@ -117,7 +118,7 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
         return False, f"the prebuilt {so.name} has no CUDA kernels, and this machine has a GPU and nvcc: the JIT route builds them"
     if with_cuda:
         built = tuple(record.get("cuda_archs", ()))
-        missing = sorted(c for c in _gpu_capabilities() if not _covered(c, built))
+        missing = sorted(c for c in _gpu_capabilities() if not arch_covered(c, built))
         if missing:
             return False, f"the prebuilt {so.name} has kernels for sm {', '.join(built)}, not for this GPU's {', '.join(missing)}"
     what = f"CUDA kernels for sm {', '.join(record.get('cuda_archs', []))}" if with_cuda else "CPU kernels only"
@@ -143,16 +144,7 @@ def _gpu_capabilities() -> set[str]:
     return {g.capability for g in found[0]} if found else set()
 
 
-def _covered(capability: str, built: tuple[str, ...]) -> bool:
-    """A GPU runs a library with its exact arch ("9.0a" SASS runs on a 9.0
-    GPU), or JIT-compiles the PTX embedded for the newest arch, which is
-    portable PTX without the "a" (``opforge.build.gencode_flags``: a 9.0a
-    build carries compute_90 PTX)."""
-    from opforge.build import _arch_number
-
-    if any(b.removesuffix("a") == capability for b in built):
-        return True
-    return bool(built) and _arch_number(capability) >= max(_arch_number(b) for b in built)
+_covered = arch_covered  # the name older callers and tests use
 
 
 def load_prebuilt(so: Path) -> Library:
