@@ -324,22 +324,53 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     return res
 
 
+def fake_call(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """The call as torch.compile traces it: through the fake kernel, on fake
+    tensors (one per real tensor, so that aliased inputs stay aliased)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    memo: dict[int, Any] = {}
+
+    def fake(x: Any) -> Any:
+        return memo.setdefault(id(x), mode.from_tensor(x)) if isinstance(x, torch.Tensor) else x
+
+    fargs, fkwargs = [fake(a) for a in args], {k: fake(v) for k, v in kwargs.items()}
+    with mode:
+        spec.overload(*fargs, **fkwargs)
+
+
+def _expect_refusal(call: Callable[[], Any], bad: Any, where: str) -> str | None:
+    """None when ``call`` raises ``bad.error`` with the expected words, else what went wrong."""
+    try:
+        call()
+    except bad.error as exc:
+        if not re.search(bad.match, str(exc)):
+            return f"{where}message {str(exc).splitlines()[0]!r} does not match {bad.match!r}"
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return f"{where}raised {_first_line(exc)}, expected {bad.error.__name__}"
+    return f"{where}did not raise"
+
+
 def check_bad_inputs(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """Each bad input is refused by the kernel and, unless it is a rule about
+    values, by the fake kernel too, in the same words: an eager call and a
+    torch.compile trace then fail alike."""
     bad_inputs = list(spec.bad_inputs(device))
     if not bad_inputs:
         return CheckResult(spec.name, "bad inputs", "n/a", note="none declared")
     res = CheckResult(spec.name, "bad inputs", "pass")
+    has_fake = torch._C._dispatch_has_kernel_for_dispatch_key(spec.qualname, "Meta")
     for bad in bad_inputs:
         res.count += 1
-        try:
-            spec.overload(*bad.args, **bad.kwargs)
-        except bad.error as exc:
-            if not re.search(bad.match, str(exc)):
-                res.failures.append(f"{spec.name} [{bad.desc}]: message {str(exc).splitlines()[0]!r} does not match {bad.match!r}")
-        except Exception as exc:  # noqa: BLE001
-            res.failures.append(f"{spec.name} [{bad.desc}]: raised {_first_line(exc)}, expected {bad.error.__name__}")
-        else:
-            res.failures.append(f"{spec.name} [{bad.desc}]: did not raise")
+        failure = _expect_refusal(lambda b=bad: spec.overload(*b.args, **b.kwargs), bad, "")
+        if failure is None and has_fake and bad.traced:
+            failure = _expect_refusal(lambda b=bad: fake_call(spec, b.args, dict(b.kwargs)), bad, "under the fake kernel: ")
+        if failure is not None:
+            res.failures.append(f"{spec.name} [{bad.desc}]: {failure}")
+    if not has_fake:
+        res.note = "no fake kernel: checked eagerly only"
     res.status = "fail" if res.failures else "pass"
     return res
 

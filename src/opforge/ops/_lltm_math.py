@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from opforge.ops._checks import expect_2d, expect_floating, expect_like, expect_shape
+from opforge.ops._rules import expect_2d, expect_floating, expect_like, expect_shape
 
 OP = "opforge::lltm_forward"
 OP_BACKWARD = "opforge::lltm_backward"

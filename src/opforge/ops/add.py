@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from opforge.autograd import add_tangents
-from opforge.ops import rules
+from opforge.ops import _rules as rules
 from opforge.ops._elementwise import (
     OUT_LAYOUTS,
     bad_elementwise,

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from opforge.autograd import add_tangents
-from opforge.ops import rules
+from opforge.ops import _rules as rules
 from opforge.ops._elementwise import randn
-from opforge.ops.rules import expect_2d, expect_floating, expect_like
+from opforge.ops._rules import expect_2d, expect_floating, expect_like
 from opforge.spec import BadInput, Cost, OpSpec, Sample
 
 OP = "opforge::gemm"

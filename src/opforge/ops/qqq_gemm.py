@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from opforge.ops import rules
-from opforge.ops.rules import expect_2d, expect_shape
+from opforge.ops import _rules as rules
+from opforge.ops._rules import expect_2d, expect_shape
 from opforge.quant import MAX_K, UNIT, dequantize_weight_w4, pack_int4, quantize_act_int8, quantize_weight_w4
 from opforge.spec import BadInput, Cost, OpSpec, Sample
 
