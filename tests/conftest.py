@@ -6,8 +6,9 @@ the build cache (``OPFORGE_CACHE_DIR``, else the user's), and that cache is
 exported so that every subprocess a test starts loads the same library instead
 of building its own. A test that needs a cache of its own starts it with
 ``cache_with_library``: the library's entry copied in, no cold build. Only the
-tests marked ``slow`` build the whole library from nothing (a killed build, a
-wheel, CMake).
+tests marked ``slow`` build the whole library from nothing (a wheel, CMake, a
+compiler that links libstdc++ statically). Tests that build the same thing
+for a pybind11 module share ``shared_cache``, the run's own.
 
 Under pytest-xdist every worker imports this file; the first to get the
 cache's lock builds, the others wait and load it. Tests that share one
@@ -18,6 +19,7 @@ each group runs in one worker.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -50,11 +52,33 @@ def cache_with_library(root: Path) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")  # the same folder for every module: seeding it again is a no-op
+def shared_cache(tmp_path_factory) -> Path:
+    """A build cache of this test run, with the op library in it, that every
+    pytest-xdist worker sees: tests that build the same thing (torch/extension.h's
+    precompiled header for a pybind11 module, 30 s of compiler time on two cores)
+    build it once, the others wait on its lock and reuse it."""
+    base = tmp_path_factory.getbasetemp()
+    # Under pytest-xdist each worker's temporary folder is one of the run's: their parent is the run's own.
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-cache"
+    with open(root.with_name("shared-cache.lock"), "w") as lock:  # two workers must not copy the library in at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return cache_with_library(root)
+
+
 def pytest_configure(config) -> None:
     # `-n N` alone distributes test by test; the xdist_group marks need loadgroup.
     if getattr(config.option, "dist", "no") == "load":
         config.option.dist = "loadgroup"
+    # pytest-xdist would otherwise send the groups with the most tests first, ahead of the
+    # order set below: the longest single tests (the guide, the wheel) started minutes late.
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
 
+
+# The modules of the longest tests, longest first (CPU run of two pytest-xdist workers):
+# the guide (4-5 min), the wheel in a venv (3 min), the examples (2-3 min), CMake (1 min).
+LONGEST = ("test_docs", "test_prebuilt", "test_examples", "test_cmake")
 
 # The tests selected for this run, for fixtures that start work for several of them at once.
 SELECTED = pytest.StashKey[list]()
@@ -63,14 +87,20 @@ SELECTED = pytest.StashKey[list]()
 def pytest_collection_modifyitems(config, items) -> None:
     config.stash[SELECTED] = items
 
-    # Modules with long tests (slow, or a group bound to one worker) first,
-    # each module kept whole (its module-scoped setup runs once): under
-    # pytest-xdist they start at once rather than trailing the short tests.
+    # Modules with long tests (slow, or a group bound to one worker) first, the
+    # longest of them (LONGEST) ahead, each module kept whole (its module-scoped
+    # setup runs once): under pytest-xdist they start at once rather than
+    # trailing the short tests, and the last to start are short.
     def long(item) -> bool:
         return any(m.name in ("slow", "xdist_group") for m in item.iter_markers())
 
     long_modules = {item.module for item in items if long(item)}
-    items.sort(key=lambda item: item.module not in long_modules)
+
+    def rank(item) -> int:
+        name = Path(str(item.path)).stem
+        return LONGEST.index(name) if name in LONGEST else len(LONGEST) + (item.module not in long_modules)
+
+    items.sort(key=rank)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason=_NO_CUDA_REASON)

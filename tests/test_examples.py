@@ -3,7 +3,8 @@ subprocess on the CPU (and, marked ``cuda``, on the GPU), exits 0 and prints
 what it shows.
 
 Each example builds C++ (about 20 s apiece on two cores): each device's runs
-start together, and one cache directory serves the whole module."""
+start together, and the run's shared build cache serves them all (and
+tests/test_inline.py's add2, which precompiles the same torch/extension.h)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SELECTED, cache_with_library
+from .conftest import SELECTED
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -28,10 +29,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("examples")]
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    # A cache of the module's own, with the op library of this run in it: the
-    # examples build their own code, not opforge's library again.
-    return cache_with_library(tmp_path_factory.mktemp("opforge-cache"))
+def cache_dir(shared_cache: Path) -> Path:
+    # The run's shared cache, with the op library of this run in it: the
+    # examples build their own code, not opforge's library again, and add2's
+    # precompiled torch/extension.h serves tests/test_inline.py's add2 too.
+    return shared_cache
 
 
 def start_example(name: str, cache_dir: Path, *args: str) -> subprocess.Popen[str]:

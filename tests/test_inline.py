@@ -287,7 +287,9 @@ def test_torch_library_op_from_a_string(cache):
 
 
 @pytest.mark.slow  # a pybind11 folder built twice (edited in between)
-def test_add2_tutorial_folder(tmp_path, cache, seed):
+def test_add2_tutorial_folder(tmp_path, shared_cache, monkeypatch, seed):
+    # The run's shared cache: torch/extension.h precompiled once for this and examples/add2.
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
     folder = _folder(tmp_path, "add2", {"add2.h": ADD2_H, "add2.cpp": ADD2_CPP, "add2_kernel.cpp": ADD2_CPU_KERNEL})
     module = build_pybind_folder(folder, quiet=True)
     g = torch.Generator().manual_seed(seed)
