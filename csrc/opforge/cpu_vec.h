@@ -71,7 +71,15 @@ inline bool cpu_has_avx2() {
 }
 
 // 8 elements of T <-> 8 float lanes.
-OPFORGE_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+// float32 as two 16-byte loads, as the float16 and bfloat16 paths load: from
+// DRAM, square and add ran 7-13 % faster than with one 32-byte load (2^20
+// elements, AMD EPYC, loops aligned alike). The empty asm keeps the compiler
+// from fusing the halves back into one load.
+OPFORGE_AVX2 inline __m256 load8(const float* p) {
+  __m128 high = _mm_loadu_ps(p + 4);
+  asm("" : "+x"(high));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p)), high, 1);
+}
 OPFORGE_AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 
 OPFORGE_AVX2 inline __m256 load8(const c10::Half* p) {
