@@ -32,6 +32,10 @@ from opforge.build import cache_root
 
 LIBRARY = opforge.load()
 os.environ["OPFORGE_CACHE_DIR"] = str(cache_root())
+# Tests build users' folders in fresh caches; precompiling torch/extension.h for
+# each (755 MB, 60-90 s on 2 cores) would dominate them. The tests of the
+# precompiled header turn it back on.
+os.environ.setdefault("OPFORGE_PCH", "0")
 
 HAS_CUDA = torch.cuda.is_available() and LIBRARY.with_cuda
 _NO_CUDA_REASON = (

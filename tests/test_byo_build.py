@@ -3,9 +3,10 @@
 The fixtures under tests/fixtures are written in the styles of the tutorials
 users follow: the GEMM tutorial's nested layout (gemm_nested: include/,
 kernels/, pytorch_wrapper/), a package in the official extension example's
-layout whose __init__ imports _C (muladd_project), a pybind11 module with a
-header (add2_pybind), and two subfolders each holding a kernel.cpp and a
-kernel.cu (twin_kernels). The discovery tests need no compiler and run in
+layout whose __init__ imports _C, with its setup.py (muladd_project), a src/
+layout whose setup.py alone says the module's name, a macro and the header
+folder (setup_py_project), a pybind11 module with a header (add2_pybind), and
+two subfolders each holding a kernel.cpp and a kernel.cu (twin_kernels). The discovery tests need no compiler and run in
 milliseconds; each build test compiles one fixture on the CPU from an empty
 cache (marked slow); the CUDA tests build the same fixtures with their .cu
 files and run them on the GPU.
@@ -24,9 +25,9 @@ import pytest
 import torch
 
 import opforge
+from opforge.build.describe import describe
 from opforge.build.discover import (
     DiscoveryError,
-    describe,
     discover,
     extension_suffix,
     imports_c,
@@ -95,6 +96,45 @@ def test_walk_finds_sources_and_headers_in_any_subfolder_and_skips_outputs_tests
     assert [s.name for s in walk(root / "tests").sources] == ["test_x.cpp"]
 
 
+def test_vendored_libraries_are_skipped_but_their_include_folders_stay_on_the_path(tmp_path):
+    root = write(
+        tmp_path / "proj",
+        {
+            "csrc/op.cpp": "#include <cutlass/cutlass.h>\n",
+            # A cutlass-style checkout: its headers are used, its examples, tools and tests are not built.
+            "third_party/cutlass/include/cutlass/cutlass.h": "",
+            "third_party/cutlass/examples/00_basic/gemm.cu": "",
+            "third_party/cutlass/tools/util/include/cutlass/util/host_tensor.h": "",
+            "third_party/cutlass/test/unit/gemm.cu": "",
+            "3rdparty/fmt/src/format.cc": "",
+            "external/lib/include/lib.h": "",
+            "external/lib/lib.cpp": "",
+            "vendor/json.hpp": "",
+            "extern/x.cpp": "",
+        },
+    )
+    tree = walk(root)
+    assert [tree.rel(s) for s in tree.sources] == ["csrc/op.cpp"]
+    assert sorted(tree.rel(s) for s in tree.skipped) == ["3rdparty", "extern", "external", "third_party", "vendor"]
+    assert [tree.rel(d) for d in tree.vendored_include] == [
+        "external/lib/include",
+        "third_party/cutlass/include",
+        "third_party/cutlass/tools/util/include",
+    ]
+    assert [tree.rel(d) for d in tree.include_dirs][-3:] == [tree.rel(d) for d in tree.vendored_include]
+    lines = describe(discover(root), route="jit", cuda_reason=None)
+    skipped = next(line for line in lines if line.startswith("  skipped: "))
+    assert skipped == (
+        "  skipped: 3rdparty/ (vendored: its sources are not built), extern/ (vendored: its sources are not built), "
+        "external/ (vendored: its sources are not built; on the include path: external/lib/include), "
+        "third_party/ (vendored: its sources are not built; on the include path: third_party/cutlass/include, "
+        "third_party/cutlass/tools/util/include), vendor/ (vendored: its sources are not built)"
+    )
+    # A folder with nothing but a vendored library says so.
+    with pytest.raises(DiscoveryError, match=r"nothing to build: .*\(skipped: third_party/ \(vendored: its sources are not built\)\)"):
+        discover(write(tmp_path / "only", {"third_party/x/x.cpp": ""}))
+
+
 def test_the_binding_is_read_from_the_code_not_its_comments(tmp_path):
     root = write(
         tmp_path / "b",
@@ -156,11 +196,14 @@ _NAMED_PYBIND = "PYBIND11_MODULE(mymod, m) {}\n"
         ({"csrc/op.cpp": _PYBIND, "include/op.h": ""}, "pybind"),
         ({"op.cpp": _NAMED_PYBIND}, "pybind"),  # refused by that route's check, with its hint
         ({"op.cpp": _NAMED_PYBIND, "CMakeLists.txt": "pybind11_add_module(mymod op.cpp)\n"}, "cmake"),
-        ({"op.cpp": _TORCH_LIBRARY, "CMakeLists.txt": "", "setup.py": "CppExtension"}, "jit"),
-        ({"op.cpp": "int f() { return 1; }\n", "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"}, "setuptools"),
+        # A setup.py that makes a torch extension says how its author builds the code.
+        ({"op.cpp": _TORCH_LIBRARY, "CMakeLists.txt": "", "setup.py": "CppExtension"}, "setup.py"),
+        ({"op.cpp": "int f() { return 1; }\n", "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"}, "setup.py"),
+        ({"op.cpp": _TORCH_LIBRARY, "setup.py": "from setuptools import setup\nsetup(name='x')\n"}, "jit"),
         ({"CMakeLists.txt": "add_library(x SHARED ../src/x.cpp)\n"}, "cmake"),
         ({"op.cpp": "int f() { return 1; }\n"}, "jit"),  # nothing recognised: built, and its load says what it registered
-        ({"pkg/__init__.py": "from . import _C\n", "pkg/csrc/op.cpp": _TORCH_LIBRARY, "setup.py": "CppExtension"}, "package"),
+        ({"pkg/__init__.py": "from . import _C\n", "pkg/csrc/op.cpp": _TORCH_LIBRARY, "setup.py": "CppExtension"}, "setup.py"),
+        ({"pkg/__init__.py": "from . import _C\n", "pkg/csrc/op.cpp": _TORCH_LIBRARY}, "package"),
         ({"src/pkg/__init__.py": "from . import _C\n", "csrc/op.cpp": _PYBIND}, "package"),
     ],
 )
@@ -208,9 +251,9 @@ _EXPECTED = {
         "  sources: 2 (1 C++, 1 CUDA): muladd_pkg/csrc/cuda/muladd.cu, muladd_pkg/csrc/muladd.cpp",
         "  include: .",
         "  binding: TORCH_LIBRARY muladd_pkg (kernels: CPU, CUDA); PyInit__C",
-        "  package: muladd_pkg (muladd_pkg/__init__.py:8: from . import _C, ops)",
-        f"  route: package (muladd_pkg/__init__.py imports _C: its library is built in place, as muladd_pkg/_C{extension_suffix()})",
-        "  also here: setup.py (--route setuptools)",
+        "  route: setup.py (setup.py makes a CppExtension/CUDAExtension: each extension is read from it and built in place, "
+        "as build_ext --inplace)",
+        "  also here: a package importing _C, muladd_pkg (--route package)",
         f"  CUDA: no ({NO_CUDA})",
         f"  left out: muladd_pkg/csrc/cuda/muladd.cu ({NO_CUDA})",
         "  skipped: test/",
@@ -274,6 +317,104 @@ def test_a_package_whose_C_declares_a_module_of_another_name_is_refused_before_c
     err = " ".join(capsys.readouterr().err.split())
     assert "pkg imports _C, but pkg/csrc/bind.cpp:2 declares PYBIND11_MODULE(mymod, m): Python would look for PyInit__C" in err
     assert "Write PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)" in err and not (project / "pkg" / f"_C{extension_suffix()}").exists()
+
+
+# --------------------------------------------------------------- setup.py, read (not run, nothing compiled)
+
+
+def test_a_setup_py_is_read_for_its_extensions_without_building_anything(tmp_path):
+    from opforge.build.setup_py import extension_config, import_root, inplace_target, read
+
+    project = copy_fixture(tmp_path, "setup_py_project")
+    found = read(project / "setup.py")
+    [ext] = found.extensions
+    assert (ext.name, ext.kind, found.package_dir) == ("tinyop._ext", "CppExtension", {"": "src"})
+    assert ext.sources == (project / "csrc" / "tinyop.cpp", project / "csrc" / "kernel" / "axpy.cpp")
+    assert ext.include_dirs == (project / "headers",) and ext.define_macros == (("TINYOP_FACTOR", "3"),) and ext.cxx_flags == ("-O2",)
+    # What the author declared, not what torch's CppExtension adds (the engine adds torch's paths and libraries itself).
+    assert ext.libraries == () and ext.library_dirs == ()
+    assert sorted(p.name for p in project.iterdir()) == ["csrc", "headers", "pyproject.toml", "setup.py", "src", "test"]
+    cfg = extension_config(ext, with_cuda=False)
+    # Python's own optimisation flags first, as build_ext takes them, then the extension's.
+    assert cfg.cflags[-2:] == ("-DTINYOP_FACTOR=3", "-O2") and "-O3" in cfg.cflags
+    assert (cfg.name, cfg.extension_name) == ("tinyop__ext", "_ext")
+    assert inplace_target(ext, project, found.package_dir) == project / "src" / "tinyop" / f"_ext{extension_suffix()}"
+    assert import_root(ext, project, found.package_dir) == project / "src"
+    assert discover(project).route == "setup.py"
+
+
+def test_package_dir_is_followed_as_setuptools_follows_it(tmp_path):
+    from opforge.build.setup_py import package_folder
+
+    assert package_folder("a.b", tmp_path, {}) == tmp_path / "a" / "b"
+    assert package_folder("a.b", tmp_path, {"": "src"}) == tmp_path / "src" / "a" / "b"
+    assert package_folder("a.b", tmp_path, {"": "src", "a": "lib/alpha"}) == tmp_path / "lib" / "alpha" / "b"
+    assert package_folder("", tmp_path, {"": "src"}) == tmp_path / "src"
+
+
+_CUDA_SETUP = """
+from setuptools import setup
+from torch.utils.cpp_extension import CUDAExtension
+setup(name="k", ext_modules=[CUDAExtension("k._C", ["k.cpp", "k.cu"], define_macros=[("WITH_CUDA", None)],
+                                           extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--use_fast_math"]})])
+"""
+
+
+def test_a_cuda_extension_is_read_on_a_machine_without_cuda(tmp_path):
+    from opforge.build.setup_py import read
+
+    root = write(tmp_path / "k", {"setup.py": _CUDA_SETUP, "k.cpp": "", "k.cu": ""})
+    [ext] = read(root / "setup.py").extensions
+    assert ext.kind == "CUDAExtension" and [s.name for s in ext.cuda] == ["k.cu"] and [s.name for s in ext.cpp] == ["k.cpp"]
+    assert ext.define_macros == (("WITH_CUDA", None),) and ext.nvcc_flags == ("-O3", "--use_fast_math")
+    assert ext.summary(root)[1:] == ["    macros: WITH_CUDA", "    cxx flags: -O3", "    nvcc flags: -O3 --use_fast_math"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (
+            "raise RuntimeError('needs the network')\n",
+            r"(?s)setup\.py failed \(exit 1\) when read \(opforge runs it .*\):\nTraceback .*\n"
+            r"  File \".*setup\.py\", line 1.*\nRuntimeError: needs the network",
+        ),
+        ("import time\ntime.sleep(600)\n", r"setup\.py did not finish within 2 s \(opforge runs it with setuptools\.setup replaced"),
+        ("print('no setup here')\n", r"setup\.py ran to its end without calling setuptools\.setup\(\): there is nothing to read"),
+        ("from setuptools import setup\nsetup(name='x')\n", r"setup\.py calls setup\(\) with no ext_modules: it declares no extension"),
+        (
+            "from setuptools import setup, Extension\nsetup(name='x', ext_modules=[Extension('x._C', ['gone.cpp'])])\n",
+            r"setup\.py: extension x\._C lists the source .*gone\.cpp, which is not there",
+        ),
+        (
+            "from setuptools import setup, Extension\nsetup(name='x', ext_modules=[Extension('x._C', ['x.c'])])\n",
+            r"extension x\._C lists x\.c: opforge builds C\+\+ \(\.cpp, \.cc, \.cxx\) and CUDA \(\.cu\) sources",
+        ),
+    ],
+)
+def test_a_setup_py_that_cannot_be_read_is_a_clear_error_naming_it(tmp_path, setup, message):
+    from opforge.build.setup_py import read
+
+    root = write(tmp_path / "bad", {"setup.py": setup, "x.c": ""})
+    with pytest.raises(DiscoveryError, match=message) as caught:
+        read(root / "setup.py", timeout=2)
+    assert str(caught.value).startswith(str(root / "setup.py"))
+
+
+def test_a_setup_py_that_fails_is_reported_by_the_cli_with_the_other_ways_to_build(tmp_path, monkeypatch, capsys):
+    from opforge.cli import main
+
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    root = write(
+        tmp_path / "p", {"setup.py": "# CppExtension\nimport sys\nsys.exit('setup.py: needs CUDA_HOME')\n", "op.cpp": _TORCH_LIBRARY}
+    )
+    assert main(["build", str(root)]) == 1
+    out, err = capsys.readouterr()
+    assert "  route: setup.py (setup.py makes a CppExtension/CUDAExtension" in out
+    err = " ".join(err.split())
+    assert f"opforge build: {root / 'setup.py'} failed (exit 1) when read" in err and "setup.py: needs CUDA_HOME" in err
+    with pytest.raises(SystemExit) as stop:
+        main(["build", str(write(tmp_path / "q", {"op.cpp": _TORCH_LIBRARY})), "--route", "setup.py"])
+    assert stop.value.code == 2 and "--route setup.py, but there is no setup.py in" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------- builds (a compiler, an empty cache)
@@ -407,16 +548,18 @@ def test_a_pybind11_module_with_a_header_in_include_builds_and_imports(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_a_package_importing_C_is_built_in_place_and_its_own_tests_pass(tmp_path, device):
+def test_a_package_importing_C_with_a_setup_py_is_built_in_place_and_its_own_tests_pass(tmp_path, device):
     project = copy_fixture(tmp_path, "muladd_project")
     cuda = device == "cuda"
     res = run_build(project, tmp_path / "cache", cuda=cuda)
     assert res.returncode == 0, res.stdout + res.stderr
     target = project / "muladd_pkg" / f"_C{extension_suffix()}"
     assert target.is_file()
-    assert f"muladd_pkg: muladd_pkg/_C{extension_suffix()} (built in " in res.stdout
+    # Its setup.py says how: read, not run, and what it declares built by opforge's engine.
+    assert "  setup.py: 1 extension, read in " in res.stdout and "  muladd_pkg._C (CppExtension" in res.stdout
+    assert f"muladd_pkg._C: muladd_pkg/_C{extension_suffix()} (built in " in res.stdout
     assert f"CUDA kernels: {'yes' if cuda else 'no'})" in res.stdout
-    assert "`import muladd_pkg` works (from " in res.stdout and "no install step): operators muladd_pkg::muladd" in res.stdout
+    assert "`import muladd_pkg._C` works (from " in res.stdout and "no install step): operators muladd_pkg::muladd" in res.stdout
     assert_cuda_said(res, "muladd_pkg/csrc/cuda/muladd.cu", cuda=cuda)
     seconds = built_seconds(res)
     # Its own tests, as its author runs them, with no pip step in between (CUDA ones skip without a GPU).
@@ -432,3 +575,34 @@ def test_a_package_importing_C_is_built_in_place_and_its_own_tests_pass(tmp_path
     assert again.returncode == 0 and "(cached, already in place;" in again.stdout, again.stdout + again.stderr
     assert "opforge: building" not in again.stderr
     print(f"muladd_project ({device}): built in {seconds:.1f} s")
+
+
+SETUP_PY = FIXTURES / "setup_py_project"
+
+
+@pytest.mark.slow
+def test_a_setup_py_project_builds_with_what_its_setup_py_declares_and_its_own_tests_pass(tmp_path):
+    project = copy_fixture(tmp_path, "setup_py_project")
+    res = run_build(project, tmp_path / "cache")
+    assert res.returncode == 0, res.stdout + res.stderr
+    target = f"src/tinyop/_ext{extension_suffix()}"
+    # What was read is said before anything compiles.
+    said = res.stdout[: res.stdout.index("tinyop._ext: ")]
+    assert "  route: setup.py (setup.py makes a CppExtension/CUDAExtension" in said
+    assert "  setup.py: 1 extension, read in " in said
+    assert "  tinyop._ext (CppExtension): 2 sources: csrc/tinyop.cpp, csrc/kernel/axpy.cpp\n" in said
+    assert "    include: headers\n    macros: TINYOP_FACTOR=3\n    cxx flags: -O2\n" in said
+    assert f"    goes to: {target}\n" in said
+    assert "    precompiled header: <Python.h> <ATen/core/Tensor.h> <ATen/ops/empty_like.h> <torch/library.h> for 1 of 2" in said
+    assert f"tinyop._ext: {target} (built in " in res.stdout and (project / target).is_file()
+    assert f"`import tinyop._ext` works (from {project / 'src'}, no install step): operators tinyop::axpy3" in res.stdout
+    assert not (project / "build").exists() and not list(project.glob("*.egg-info")), "setup.py was read, not run"
+    # Its own tests, as its author runs them (pytest's pythonpath = src), with no pip step in between.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test"]
+    tests = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert tests.returncode == 0 and "6 passed" in tests.stdout, tests.stdout + tests.stderr
+    again = run_build(project, tmp_path / "cache")
+    assert again.returncode == 0 and "(cached, already in place;" in again.stdout, again.stdout + again.stderr
+    assert "opforge: building" not in again.stderr
+    print(f"setup_py_project: built in {built_seconds(res):.1f} s")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,6 +257,59 @@ def test_profile_target_that_is_a_folder_but_no_package(tmp_path, capsys):
     assert f"is not an opforge package: no [tool.opforge] table in {tmp_path}" in capsys.readouterr().err
 
 
+SPEC_FILE = Path(__file__).resolve().parent / "fixtures" / "spec_file" / "muladd_spec.py"
+MULADD = "extension_cpp::mymuladd"
+
+
+def test_a_spec_file_stands_for_the_operators_its_specs_name(tmp_path, capsys):
+    # As `opforge check FILE.py` takes it: run, its SPECS registered, their operators profiled.
+    assert profile._package_ops(str(SPEC_FILE)) == (SPEC_FILE, [MULADD])
+    assert profile._package_ops("nothere.py") == 1
+    assert "opforge profile: nothere.py: no such file" in capsys.readouterr().err
+    empty = tmp_path / "no_specs.py"
+    empty.write_text("import torch\n")
+    assert profile._package_ops(str(empty)) == 1
+    assert "SPECS" in capsys.readouterr().err
+    # The runner under ncu and the checks under compute-sanitizer load the file first.
+    cmd = ncu_command("/x/ncu", MULADD, "2^20", "float32", project=SPEC_FILE)
+    assert cmd[-2:] == ["--project", str(SPEC_FILE)] and cmd[-5] == MULADD
+    assert sanitizer_command("cs", "memcheck", [str(SPEC_FILE)], 7)[-10:-8] == ["check", str(SPEC_FILE)]
+
+
+def test_the_cli_profiles_a_spec_files_operators(monkeypatch):
+    parser = argparse.ArgumentParser(prog="opforge")
+    profile.register_cli(parser.add_subparsers(dest="command", required=True))
+    calls = []
+    monkeypatch.setattr(profile, "profile_op", lambda *a, project: calls.append(("profile", *a, project)) or 0)
+    monkeypatch.setattr(profile, "sanitize_op", lambda *a, project: calls.append(("sanitize", *a, project)) or 0)
+    for argv in (["profile", str(SPEC_FILE), "--case", "2^20"], ["profile", str(SPEC_FILE), "--sanitize", "--seed", "3"]):
+        args = parser.parse_args(argv)
+        assert args.fn(args) == 0
+    assert calls == [("profile", MULADD, "2^20", "float32", False, SPEC_FILE), ("sanitize", MULADD, 3, SPEC_FILE)]
+
+
+@pytest.mark.parametrize("which", ["profile", "sanitize"])
+def test_without_a_gpu_a_spec_file_is_resolved_then_one_line_says_what_is_missing(no_tools, monkeypatch, capsys, which):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    project, (op,) = profile._package_ops(str(SPEC_FILE))
+    run = profile_op(op, None, "float32", False, project=project) if which == "profile" else sanitize_op(op, 1, project=project)
+    assert run == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "cannot run, missing: a CUDA GPU (torch.cuda.is_available() is False); " in line
+    assert line.endswith(f"on this machine, opforge bench {SPEC_FILE} --device cpu times them")
+    # What can be found wrong here is, before anything says the GPU is missing.
+    assert profile_op(op, None, "float16", False, project=project) == 1
+    assert "extension_cpp::mymuladd: mymuladd does not take float16; it takes float32" in capsys.readouterr().err
+    assert profile_op("no_such_op_here", None, "float32", False) == 1
+    assert "no_such_op_here" in capsys.readouterr().err
+
+
+def test_an_operator_of_a_spec_file_without_a_cuda_kernel_is_named(monkeypatch):
+    project, _ = profile._package_ops(str(SPEC_FILE))
+    monkeypatch.setattr("opforge.derive.has_kernel_for", lambda overload, device: device != "cuda")
+    assert profile._library_missing(project) == [f"a CUDA kernel for {MULADD} (none registered by what muladd_spec.py imports)"]
+
+
 def test_sanitizer_commands():
     several = sanitizer_command("cs", "memcheck", ["add", "sigmoid"], 7)
     assert several[-11:-8] == ["check", "add", "sigmoid"]
@@ -383,6 +437,15 @@ def _need(tool: str) -> None:
 def test_runner_calls_the_op_once_profiled():
     assert profile.run_case("add", "2^16", "float32") == 0
     assert profile.run_case("add", "no such case", "float32") == 1
+
+
+@pytest.mark.cuda
+def test_runner_loads_a_spec_file_then_calls_its_operator_once():
+    project, (op,) = profile._package_ops(str(SPEC_FILE))
+    (spec,) = get_specs([op])
+    cuda = torch.device("cuda")
+    cases = case_infos(spec.bench_cases(cuda, torch.float32, torch.Generator(device=cuda).manual_seed(0)))
+    assert profile.run_case(op, cases[0].desc, "float32", project=str(project)) == 0
 
 
 @pytest.mark.xdist_group("gpu-tools")  # Nsight Compute and compute-sanitizer runs, one at a time under pytest-xdist

@@ -240,9 +240,11 @@ def build_folder(path: Path, route: str = "auto") -> int:
 
     from opforge import load_library as load_library_file
     from opforge.build import BuildError, cuda_archs, folder_config, load_library
-    from opforge.build.discover import DiscoveryError, cuda_unavailable, describe, discover
+    from opforge.build.describe import cuda_unavailable, describe
+    from opforge.build.discover import DiscoveryError, discover
     from opforge.build.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
     from opforge.build.registrations import registers_nothing
+    from opforge.build.user_pch import with_torch_pch
 
     try:
         layout = discover(path)
@@ -251,6 +253,9 @@ def build_folder(path: Path, route: str = "auto") -> int:
     route = layout.route if route == "auto" else route
     if route == "package" and layout.package is None:
         usage_error(f"opforge build: {path}: --route package, but no package here imports a compiled _C (`from . import _C`)")
+    setup_py = layout.setup_py or (layout.root / "setup.py" if (layout.root / "setup.py").is_file() else None)
+    if route == "setup.py" and setup_py is None:
+        usage_error(f"opforge build: {path}: --route setup.py, but there is no setup.py in {layout.root}")
     try:
         reason = cuda_unavailable() if layout.tree.cuda else None
         archs = cuda_archs() if layout.tree.cuda and reason is None else ()
@@ -267,7 +272,7 @@ def build_folder(path: Path, route: str = "auto") -> int:
     ops_before = set(torch._C._dispatch_get_all_op_names())
     try:
         if route == "jit":
-            lib = load_library(folder_config(folder))
+            lib = load_library(with_torch_pch(folder_config(folder))[0])
             if registers_nothing(lib.path, ops_before):
                 return _registered_nothing(folder, lib.path)
             how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
@@ -276,6 +281,8 @@ def build_folder(path: Path, route: str = "auto") -> int:
                 out.print(f"{folder.name}: operators {', '.join(added)}", highlight=False, markup=False)
         elif route == "package":
             return _build_package(layout)
+        elif route == "setup.py":
+            return _build_setup_py(layout, setup_py)
         elif route == "inline":
             cfg = folder_config(folder)
             own = [s for s in cfg.sources if s.is_relative_to(folder)]
@@ -316,10 +323,9 @@ def _build_package(layout: Any) -> int:
     into the cache, the library copied into the package as _C<EXT_SUFFIX> (as
     ``build_ext --inplace`` leaves it), then ``import <package>`` tried in a new
     process, as its user will run it."""
-    import subprocess
-
     from opforge.build import build_library
-    from opforge.build.discover import DiscoveryError, package_config, place_in_package
+    from opforge.build.discover import DiscoveryError
+    from opforge.build.package import package_config, place_in_package
 
     package = layout.package
     lib = build_library(package_config(layout))
@@ -332,27 +338,70 @@ def _build_package(layout: Any) -> int:
     where = target.relative_to(layout.root) if target.is_relative_to(layout.root) else target
     out.print(f"{package.name}: {where} ({how}{'' if changed else ', already in place'}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
     namespaces = sorted({*layout.binding.namespaces, *layout.binding.impls})
-    # The package first, torch after: an __init__ that loads _C before importing
-    # torch fails for its users (libc10.so not found), and must fail here too.
-    code = (
-        "import sys; __import__(sys.argv[1]); import torch; ns = set(sys.argv[2:]); "
-        "print('\\n'.join(sorted(n for n in torch._C._dispatch_get_all_op_names() if n.split('::')[0] in ns)))"
-    )
-    parent = str(package.directory.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
-    res = subprocess.run([sys.executable, "-c", code, package.name, *namespaces], cwd=parent, env=env, capture_output=True, text=True)
-    if res.returncode != 0:
-        tail = "\n".join(res.stderr.strip().splitlines()[-12:])
-        hint = ""
-        if "libc10.so" in res.stderr or "libtorch" in res.stderr:
-            hint = f"\n{package.name}/__init__.py must `import torch` before it imports _C: torch's libraries load with it"
-        failed = f"opforge build: built {target}, but `import {package.name}` fails (in {parent}):\n{tail}{hint}"
-        err.print(failed, highlight=False, markup=False)
+    return _imports(package.name, f"{package.name}._C", package.directory.parent, target, namespaces)
+
+
+def _imports(name: str, module: str, where: Path, library: Path, namespaces: Sequence[str]) -> int:
+    """``import <module>`` in a new process from ``where``, as its user will: said, with the operators it registered."""
+    from opforge.build.package import try_import
+
+    ok, found = try_import(module, where, library, namespaces)
+    if not ok:
+        err.print(f"opforge build: built {library}, but `import {name}` fails (in {where}):\n{found}", highlight=False, markup=False)
         return 1
-    ops = res.stdout.split()
-    what = f"operators {', '.join(ops)}" if ops else "no operator registered in " + (", ".join(namespaces) or "torch.ops")
-    out.print(f"{package.name}: `import {package.name}` works (from {parent}, no install step): {what}", highlight=False, markup=False)
+    what = f"operators {', '.join(found)}" if found else "no operator registered in " + (", ".join(namespaces) or "torch.ops")
+    out.print(f"{name}: `import {name}` works (from {where}, no install step): {what}", highlight=False, markup=False)
     return 0
+
+
+def _build_setup_py(layout: Any, setup_py: Path) -> int:
+    """The extensions a setup.py declares (opforge.build.setup_py), each built
+    by the JIT engine and copied where ``build_ext --inplace`` puts it; then
+    each imported in a new process, as its user will."""
+    from opforge.build import build_library, want_cuda
+    from opforge.build.describe import cuda_unavailable
+    from opforge.build.discover import DiscoveryError, read_binding
+    from opforge.build.package import place_library
+    from opforge.build.setup_py import extension_config, import_root, inplace_target, read
+    from opforge.build.user_pch import plan
+
+    root = layout.root
+    try:
+        found = read(setup_py)
+    except DiscoveryError as exc:
+        also = f" (or build it another way: {', '.join(layout.other_routes())})" if layout.other_routes() else ""
+        err.print(f"opforge build: {exc}{also}", highlight=False, markup=False)
+        return 1
+    n = len(found.extensions)
+    out.print(f"  setup.py: {n} extension{'s' if n != 1 else ''}, read in {found.seconds:.1f} s (setup() not run):", highlight=False)
+    cuda = want_cuda()
+    for ext in found.extensions:
+        for line in ext.summary(root):
+            out.print(line, highlight=False, markup=False)
+        target = inplace_target(ext, root, found.package_dir)
+        out.print(f"    goes to: {target.relative_to(root) if target.is_relative_to(root) else target}", highlight=False, markup=False)
+        if ext.cuda and not cuda:
+            left = ", ".join(s.relative_to(root).as_posix() if s.is_relative_to(root) else str(s) for s in ext.cuda)
+            out.print(f"    left out: {left} ({cuda_unavailable()})", highlight=False, markup=False)
+        if ext.cpp:
+            pch = plan(ext.cpp, ext.include_dirs)
+            out.print(f"    precompiled header: {pch.summary(root, len(ext.cpp))}", highlight=False, markup=False)
+    status = 0
+    for ext in found.extensions:
+        target = inplace_target(ext, root, found.package_dir)
+        lib = build_library(extension_config(ext, with_cuda=cuda))
+        try:
+            target, changed = place_library(lib.path, target)
+        except DiscoveryError as exc:
+            err.print(f"opforge build: {exc}", highlight=False, markup=False)
+            return 1
+        how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+        where = target.relative_to(root) if target.is_relative_to(root) else target
+        out.print(f"{ext.name}: {where} ({how}{'' if changed else ', already in place'}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+        binding = read_binding(ext.sources)
+        namespaces = sorted({*binding.namespaces, *binding.impls})
+        status = max(status, _imports(ext.name, ext.name, import_root(ext, root, found.package_dir), target, namespaces))
+    return status
 
 
 def _registered_nothing(folder: Path, so: Path) -> int:
@@ -854,9 +903,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a folder of your sources, in any layout: sources and headers in any subfolder, a package "
                          "importing _C, a pybind11 module, a setup.py or a CMakeLists.txt; what it finds is printed "
                          "first (default: opforge's own op library)")  # fmt: skip
-    sp.add_argument("--route", choices=["auto", "jit", "inline", "setuptools", "pybind", "cmake", "package"], default="auto",
-                    help="auto (default): the one the folder calls for; TORCH_LIBRARY ops by jit (cached ninja build), "
-                         "inline (the files as strings) or setuptools (build_ext, as pip install); pybind: a "
+    sp.add_argument("--route", choices=["auto", "setup.py", "jit", "inline", "setuptools", "pybind", "cmake", "package"], default="auto",
+                    help="auto (default): the one the folder calls for; setup.py: the extensions its setup.py declares, read "
+                         "from it (setup() is not run) and built in place as build_ext --inplace would; TORCH_LIBRARY ops "
+                         "by jit (cached ninja build), inline (the files as strings) or setuptools (build_ext, as pip "
+                         "install); pybind: a "
                          "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; cmake: its CMakeLists.txt; package: a "
                          "package importing _C, its library built in place as <package>/_C<EXT_SUFFIX>")  # fmt: skip
     sp.set_defaults(fn=cmd_build)

@@ -12,9 +12,15 @@ with them.
 * ``--sanitize`` runs ``opforge check OP --checks reference --reference-on cpu`` under each of
   compute-sanitizer's tools (memcheck, racecheck, initcheck, synccheck).
 
+An operator is named as ``opforge check`` takes it: by name, by the package
+directory of ``opforge new``'s it is in, or by a spec file (``FILE.py`` whose
+``SPECS`` name operators already in torch.ops); the runner and the checks under
+the sanitizer load that package or file first.
+
 Both need a GPU and the NVIDIA tools; without them the command says what is
 missing in one line and exits 2, so scripts can tell "cannot run here" from
-"found a problem" (exit 1).
+"found a problem" (exit 1). The operators, dtype and spec file are resolved
+first, so that a mistake in them is found on any machine.
 """
 
 from __future__ import annotations
@@ -136,14 +142,23 @@ def _missing(tool: str) -> tuple[str | None, list[str]]:
     return path, missing
 
 
-def _say_missing(what: str, missing: Sequence[str]) -> int:
-    err.print(f"opforge {what}: cannot run, missing: {'; '.join(missing)}", soft_wrap=True, markup=False, highlight=False)
+def _say_missing(what: str, missing: Sequence[str], project: Path | None = None) -> int:
+    # On a machine without them, a spec file's operators can still be timed: say how.
+    cpu = f"; on this machine, opforge bench {project} --device cpu times them" if project is not None and project.suffix == ".py" else ""
+    err.print(f"opforge {what}: cannot run, missing: {'; '.join(missing)}{cpu}", soft_wrap=True, markup=False, highlight=False)
     return EXIT_MISSING
 
 
 def _library_missing(project: Path | None = None) -> list[str]:
     """Loads the op library (building it on first use), or the package's of
-    ``project`` (already loaded by the caller); what is missing for CUDA."""
+    ``project`` (already loaded by the caller); what is missing for CUDA.
+    A spec file's operators need a CUDA kernel each."""
+    if project is not None and project.suffix == ".py":
+        from opforge.derive import has_kernel_for
+        from opforge.project import load_spec_file
+
+        lacking = [s.qualname for s in load_spec_file(project) if not has_kernel_for(s.overload, "cuda")]
+        return [f"a CUDA kernel for {', '.join(lacking)} (none registered by what {project.name} imports)"] if lacking else []
     if project is not None:
         from opforge.project import project_library
 
@@ -370,7 +385,7 @@ def ncu_command(
     ncu: str, op: str, case: str, dtype: str, *, export: Path | None = None, project: Path | None = None, python: str = sys.executable
 ) -> list[str]:
     """The ncu command line that profiles one call of ``op`` on one case
-    (an operator of the package at ``project``, which the runner loads first)."""
+    (an operator of the package or spec file at ``project``, which the runner loads first)."""
     cmd = [
         ncu,
         "--clock-control",
@@ -479,22 +494,27 @@ def _resolve(spec_name: str) -> OpSpec:
 def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, project: Path | None = None) -> int:
     """Profiles one call of the op on one benchmark case under ncu and prints
     a table, one row per kernel. ``project``: the op is one of that package's
-    (``opforge new``'s), already loaded. Returns the exit status (2: cannot run here)."""
+    (``opforge new``'s) or spec file's, already loaded. Returns the exit status
+    (1: a wrong operator, dtype or case; 2: cannot run here)."""
     import torch
 
     from opforge.check import generator
 
     ncu, missing = _missing("ncu")
-    if missing:
-        return _say_missing("profile", missing)
-    missing = _library_missing(project)
-    if missing:
-        return _say_missing("profile", missing)
     try:
         spec = _resolve(spec_name)
         torch_dtype = parse_dtype(dtype)
         if torch_dtype not in spec.dtypes:
             raise ValueError(f"{spec.name} does not take {dtype}; it takes {', '.join(_dtype_name(d) for d in spec.dtypes)}")
+    except ValueError as exc:
+        err.print(f"opforge profile: {spec_name}: {exc}", soft_wrap=True, markup=False, highlight=False)
+        return 1
+    if missing:
+        return _say_missing("profile", missing, project)
+    missing = _library_missing(project)
+    if missing:
+        return _say_missing("profile", missing, project)
+    try:
         device = torch.device("cuda")
         # Sizes depend on the device (the GPU's largest case is bigger), so list them there.
         chosen = select_case(case_infos(spec.bench_cases(device, torch_dtype, generator(device, _RUN_SEED))), case)
@@ -654,20 +674,20 @@ def _sanitizer_env() -> dict[str, str]:
 def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Path | None = None) -> int:
     """Runs the reference check of the op (or ops: one check over all of them)
     on CUDA under each compute-sanitizer tool and prints a tool -> errors table;
-    with ``project``, the check of that package (all its operators). Returns the
-    exit status (1 on any error or failed run, 2: cannot run here)."""
+    with ``project``, the check of that package or spec file (all its operators).
+    Returns the exit status (1 on any error or failed run, 2: cannot run here)."""
     sanitizer, missing = _missing("compute-sanitizer")
-    if missing:
-        return _say_missing("profile --sanitize", missing)
-    missing = _library_missing(project)
-    if missing:
-        return _say_missing("profile --sanitize", missing)
     names = [spec_name] if isinstance(spec_name, str) else list(spec_name)
     try:
         specs = [_resolve(n) for n in names]
     except ValueError as exc:
         err.print(f"opforge profile --sanitize: {exc}", soft_wrap=True, markup=False, highlight=False)
         return 1
+    if missing:
+        return _say_missing("profile --sanitize", missing, project)
+    missing = _library_missing(project)
+    if missing:
+        return _say_missing("profile --sanitize", missing, project)
     assert sanitizer is not None
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     targets = [str(project)] if project is not None else [s.name for s in specs]
@@ -712,16 +732,19 @@ def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Pa
 
 
 def _package_ops(target: str) -> tuple[Path | None, list[str]] | int:
-    """``target`` as (package directory or None, operators): a package of ``opforge
-    new``'s is loaded (built on first use) and stands for its operators. An int
-    is the exit status of a failed load, already reported."""
+    """``target`` as (package directory or spec file, or None; operators): a
+    package of ``opforge new``'s is loaded (built on first use) and stands for
+    its operators, a spec file (``FILE.py``) is run and stands for those its
+    ``SPECS`` name. An int is the exit status of a failed load, already reported."""
     from opforge.build import BuildError
-    from opforge.project import ProjectError, find_project, load_project, names_a_path, not_a_project
+    from opforge.project import ProjectError, find_project, load_project, load_spec_file, names_a_path, not_a_project
 
     path = Path(target)
     try:
         if not names_a_path(target):  # an operator's name, even where a folder of that name is here
             return None, [target]
+        if target.endswith(".py"):
+            return path.resolve(), [s.qualname for s in load_spec_file(path)]
         if not path.is_dir():
             raise ProjectError(f"{target}: {'not a directory' if path.exists() else 'no such directory'}")
         if find_project(path) is None:
@@ -763,7 +786,10 @@ def register_cli(subparsers: Any) -> None:
         help="profile one operator's kernels with Nsight Compute, or run compute-sanitizer over its checks (--sanitize)",
     )
     sp.add_argument(
-        "op", nargs="+", help="operators, or package directories of opforge new's given as paths (./my_op, my_op/: each of their operators)"
+        "op",
+        nargs="+",
+        help="operators, package directories of opforge new's given as paths (./my_op, my_op/: each of their operators), "
+        "or spec files (my_specs.py: the operators its SPECS list)",
     )
     sp.add_argument("--case", default=None, help="benchmark case to profile, by name (e.g. 2^20; default: the largest)")
     sp.add_argument("--dtype", default="float32", help="dtype of the inputs (default float32)")
@@ -779,13 +805,17 @@ def register_cli(subparsers: Any) -> None:
 def run_case(op: str, case: str, dtype: str, *, seed: int = _RUN_SEED, warmup: int = _WARMUP_CALLS, project: str | None = None) -> int:
     """Builds one benchmark case on CUDA and calls the op once between
     cudaProfilerStart and cudaProfilerStop, after ``warmup`` calls. ``project``:
-    the package directory whose operator ``op`` is (loaded instead of opforge's library)."""
+    the package directory or spec file whose operator ``op`` is (loaded instead of opforge's library)."""
     import torch
 
     import opforge
     from opforge.check import generator
 
-    if project is not None:
+    if project is not None and project.endswith(".py"):
+        from opforge.project import load_spec_file
+
+        load_spec_file(project)
+    elif project is not None:
         from opforge.project import load_project
 
         load_project(project)
@@ -815,7 +845,7 @@ def _main(argv: Sequence[str]) -> int:
     p.add_argument("--run-case", nargs=3, metavar=("OP", "CASE", "DTYPE"), required=True)
     p.add_argument("--seed", type=int, default=_RUN_SEED)
     p.add_argument("--warmup", type=int, default=_WARMUP_CALLS)
-    p.add_argument("--project", default=None, help="a package directory of opforge new's whose operator OP is")
+    p.add_argument("--project", default=None, help="the package directory of opforge new's, or the spec file, whose operator OP is")
     a = p.parse_args(argv)
     op, case, dtype = a.run_case
     return run_case(op, case, dtype, seed=a.seed, warmup=a.warmup, project=a.project)

@@ -5,31 +5,21 @@ any subfolder, headers in ``include/`` or beside their sources, a Python
 package whose ``__init__`` imports a compiled ``_C``, a pybind11 module, a
 ``setup.py`` or a ``CMakeLists.txt``. ``walk`` finds the sources and the
 include folders, ``discover`` reads how the code binds to Python or torch and
-picks the route, ``describe`` says all of it in a few lines, CUDA sources
-that cannot be built here included. Nothing here compiles anything.
+picks the route (``opforge.build.describe`` says all of it in a few lines,
+CUDA sources that cannot be built here included). Nothing here compiles anything.
 
-The package route lives here too, since only a layout has it: the package's
-sources built by the JIT engine (cache, lock, progress, compiler errors) into
-a library named ``_C``, copied into the package as ``_C<EXT_SUFFIX>`` where
-``build_ext --inplace`` would put it (``package_config``, ``place_in_package``).
+The package route's build is ``opforge.build.package``'s.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
-import hashlib
 import os
 import re
-import shutil
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from opforge.build.jit import BuildConfig
 
 CPP_SUFFIXES = (".cpp", ".cc", ".cxx")
 CUDA_SUFFIXES = (".cu",)
@@ -39,6 +29,11 @@ HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 # and a test's or an old build's copy of a source would be compiled twice.
 SKIPPED_NAMES = {"build": "build output", "dist": "build output", "_skbuild": "build output", "tests": "tests", "test": "tests",
                  "__pycache__": "Python cache"}  # fmt: skip
+# Someone else's library kept in the tree (cutlass, json, a submodule): its own
+# sources, tests and examples are not this library's, but the code includes its
+# headers, so the include/ folders inside stay on the include path.
+VENDORED_NAMES = ("third_party", "thirdparty", "3rdparty", "external", "extern", "vendor")
+VENDORED = "vendored"
 
 # String and character literals are matched so that a "//" inside one is not taken for a comment.
 _COMMENT_OR_LITERAL = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
@@ -67,6 +62,8 @@ def skip_reason(folder: Path) -> str | None:
         return "hidden"
     if name in SKIPPED_NAMES:
         return SKIPPED_NAMES[name]
+    if name in VENDORED_NAMES:
+        return VENDORED
     if name.endswith(".egg-info"):
         return "build output"
     if (folder / "pyvenv.cfg").is_file():
@@ -83,6 +80,7 @@ class Tree:
     header_dirs: tuple[Path, ...]  # folders holding a header, sorted
     include_named: tuple[Path, ...]  # folders named include/, sorted
     skipped: tuple[Path, ...]  # folders left out, each once (not what is below them)
+    vendored_include: tuple[Path, ...] = ()  # include/ folders inside vendored folders, sorted
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -95,8 +93,9 @@ class Tree:
     @property
     def include_dirs(self) -> tuple[Path, ...]:
         """The root (an include written from it, "kernels/x.h", finds its file),
-        every include/ folder, then every folder that holds a header."""
-        return tuple(dict.fromkeys((self.root, *self.include_named, *self.header_dirs)))
+        every include/ folder, every folder that holds a header, then the
+        include/ folders of vendored libraries (``third_party/cutlass/include``)."""
+        return tuple(dict.fromkeys((self.root, *self.include_named, *self.header_dirs, *self.vendored_include)))
 
     def headers(self) -> list[Path]:
         """Every header in the header folders (those below a skipped folder are not among them)."""
@@ -109,21 +108,27 @@ class Tree:
 def walk(root: Path) -> Tree:
     """Every C++ (.cpp, .cc, .cxx) and CUDA (.cu) source under ``root``, and the
     folders that hold headers (.h, .hpp, .cuh), in any subfolder; build outputs,
-    virtualenvs, tests, caches and hidden folders are skipped (``skip_reason``).
+    virtualenvs, tests, caches and hidden folders are skipped (``skip_reason``),
+    and so are vendored libraries (``third_party/``, ``vendor/``...), whose
+    include/ folders are kept for the include path (``vendored_include``).
     ``root`` itself is never skipped, whatever its name."""
     root = Path(root).resolve()
     sources: list[Path] = []
     header_dirs: list[Path] = []
     include_named: list[Path] = []
     skipped: list[Path] = []
+    vendored_include: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         kept = []
         for d in sorted(dirnames):
-            if skip_reason(here / d) is None:
+            why = skip_reason(here / d)
+            if why is None:
                 kept.append(d)
             else:
                 skipped.append(here / d)
+                if why == VENDORED:
+                    vendored_include += include_folders(here / d)
         dirnames[:] = kept  # os.walk descends into what is left
         if here.name == "include" and here != root:
             include_named.append(here)
@@ -141,7 +146,23 @@ def walk(root: Path) -> Tree:
         header_dirs=tuple(sorted(header_dirs, key=by_rel)),
         include_named=tuple(sorted(include_named, key=by_rel)),
         skipped=tuple(sorted(skipped, key=by_rel)),
+        vendored_include=tuple(sorted(set(vendored_include), key=by_rel)),
     )
+
+
+def include_folders(folder: Path) -> list[Path]:
+    """The folders named include/ in and below a vendored ``folder`` (not
+    below one found: a library's include/ holds its headers, whatever nests
+    there), its build outputs, tests and hidden folders passed over."""
+    found = []
+    for dirpath, dirnames, _ in os.walk(folder):
+        here = Path(dirpath)
+        if here.name == "include" and here != folder:
+            found.append(here)
+            dirnames[:] = []
+            continue
+        dirnames[:] = [d for d in dirnames if skip_reason(here / d) in (None, VENDORED)]
+    return found
 
 
 def headers_under(folders: Iterable[Path]) -> list[Path]:
@@ -342,8 +363,10 @@ class Layout:
     def other_routes(self) -> list[str]:
         """Build files the chosen route does not use, each with the flag that would."""
         also = []
-        if self.setup_py is not None and self.route != "setuptools":
-            also.append("setup.py (--route setuptools)")
+        if self.setup_py is not None and self.route not in ("setup.py", "setuptools"):
+            also.append("setup.py (--route setup.py)")
+        if self.package is not None and self.route != "package":
+            also.append(f"a package importing _C, {self.package.name} (--route package)")
         if self.cmakelists is not None and self.route != "cmake":
             also.append("CMakeLists.txt (--route cmake)")
         return also
@@ -352,16 +375,18 @@ class Layout:
 def discover(path: str | os.PathLike[str]) -> Layout:
     """What the folder at ``path`` holds and the route ``opforge build`` takes.
 
-    The sources decide where opforge can build them itself, the build files only
-    where they cannot: a package importing ``_C`` is built in place (package);
-    TORCH_LIBRARY code is loaded into torch.ops (jit); a
-    ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`` module is imported (pybind);
-    then a CMakeLists.txt (cmake); a pybind11 module with its name written out,
-    which only the pybind route's check explains (pybind); a setup.py with
-    CppExtension/CUDAExtension (setuptools); anything else is tried as
-    TORCH_LIBRARY code (jit), whose load says when it registered nothing.
-    Raises DiscoveryError for a path that is no folder, holds nothing to build,
-    or holds two packages that import ``_C``."""
+    A setup.py that makes a CppExtension or CUDAExtension says how its author
+    builds the code (names, macros, flags): its extensions are read from it and
+    built in place (setup.py). Otherwise the sources decide where opforge can
+    build them itself, the build files only where they cannot: a package
+    importing ``_C`` is built in place (package); TORCH_LIBRARY code is loaded
+    into torch.ops (jit); a ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`` module
+    is imported (pybind); then a CMakeLists.txt (cmake); a pybind11 module with
+    its name written out, which only the pybind route's check explains
+    (pybind); anything else is tried as TORCH_LIBRARY code (jit), whose load
+    says when it registered nothing. Raises DiscoveryError for a path that is
+    no folder, holds nothing to build, or holds two packages that import
+    ``_C`` and no setup.py that says how to build them."""
     given = Path(path)
     root = given.resolve()
     if not root.exists():
@@ -373,21 +398,24 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     setup_py = setup if setup.is_file() and _SETUP_EXTENSION.search(setup.read_text(errors="replace")) else None
     cmakelists = root / "CMakeLists.txt" if (root / "CMakeLists.txt").is_file() else None
     if not tree.sources and setup_py is None and cmakelists is None:
-        skipped = f" (skipped: {', '.join(tree.rel(s) + '/' for s in tree.skipped)})" if tree.skipped else ""
+        skipped = f" (skipped: {', '.join(skipped_name(tree, s) for s in tree.skipped)})" if tree.skipped else ""
         raise DiscoveryError(
             f"{given}: nothing to build: no C++ (.cpp, .cc, .cxx) or CUDA (.cu) source in it or its subfolders{skipped}, "
             "and no setup.py or CMakeLists.txt"
         )
     binding = read_binding([*tree.sources, *tree.headers()])
     packages = find_packages(root)
-    if len(packages) > 1:
+    if len(packages) > 1 and setup_py is None:
         named = ", ".join(f"{tree.rel(p.directory)} ({tree.rel(p.directory / '__init__.py')}:{p.line}: {p.statement})" for p in packages)
         raise DiscoveryError(
             f"{given}: {len(packages)} packages import a compiled _C: {named}; build one at a time (opforge build PACKAGE_FOLDER)"
         )
-    package = packages[0] if packages else None
+    package = packages[0] if len(packages) == 1 else None
     te_name = [p for p in binding.pybind if p.name == "TORCH_EXTENSION_NAME"]
-    if package is not None:
+    if setup_py is not None:
+        route = "setup.py"
+        why = "setup.py makes a CppExtension/CUDAExtension: each extension is read from it and built in place, as build_ext --inplace"
+    elif package is not None:
         route = "package"
         why = f"{package.name}/__init__.py imports _C: its library is built in place, as {tree.rel(package.target())}"
     elif binding.torch_library:
@@ -399,166 +427,17 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     elif binding.pybind:
         # Its name written out: the pybind route's check says why that cannot import, before compiling.
         route, why = "pybind", "a pybind11 module"
-    elif setup_py is not None:
-        route, why = "setuptools", "a setup.py with CppExtension/CUDAExtension, and no binding found in the sources: built by build_ext"
     else:
         route, why = "jit", "no binding found in the sources: built as TORCH_LIBRARY code, then its load says what it registers"
     return Layout(tree, binding, package, setup_py, cmakelists, route, why)
 
 
-def cuda_unavailable() -> str | None:
-    """Why this machine builds no CUDA kernels (as ``opforge.build.want_cuda``
-    decides), or None when it does."""
-    import torch
-
-    from opforge.build import build_cuda_flag, cuda_home, want_cuda
-
-    if want_cuda():
-        return None
-    if build_cuda_flag() is False:
-        return f"OPFORGE_BUILD_CUDA={os.environ['OPFORGE_BUILD_CUDA'].strip()}"
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} has no CUDA"
-    return f"nvcc was not found{f' in {cuda_home()}' if cuda_home() else ''} (set CUDA_HOME)"
-
-
-def _listed(names: Sequence[str], most: int = 8) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def describe(layout: Layout, *, route: str, cuda_reason: str | None, cuda_archs: Sequence[str] = ()) -> list[str]:
-    """What was found and what will be built, one line each: sources, include
-    folders, binding, package, route, CUDA, and the CUDA sources left out."""
-    tree = layout.tree
-    cpp, cuda = tree.cpp, tree.cuda
-    kinds = ", ".join(f"{n} {what}" for n, what in ((len(cpp), "C++"), (len(cuda), "CUDA")) if n)
-    lines = [f"opforge build: {tree.root}"]
-    listed = _listed([tree.rel(s) for s in tree.sources])
-    lines.append(f"  sources: {len(tree.sources)} ({kinds}): {listed}" if tree.sources else "  sources: none")
-    lines.append(f"  include: {_listed([tree.rel(d) for d in tree.include_dirs])}")
-    lines.append(f"  binding: {layout.binding.summary(tree)}")
-    if layout.package is not None and route == "package":
-        p = layout.package
-        made = "" if layout.binding.pyinit_c else " (no source defines PyInit__C: an empty one is added, so the import loads it)"
-        lines.append(f"  package: {p.name} ({tree.rel(p.directory / '__init__.py')}:{p.line}: {p.statement}){made}")
-    how = layout.why if route == layout.route else "asked for with --route"
-    lines.append(f"  route: {route} ({how})")
-    if layout.other_routes():
-        lines.append(f"  also here: {', '.join(layout.other_routes())}")
-    if route == "cmake":
-        lines.append("  CUDA: as CMakeLists.txt says")
-    elif not cuda:
-        lines.append("  CUDA: no CUDA sources")
-    elif cuda_reason is None:
-        lines.append(f"  CUDA: yes (sm {', '.join(cuda_archs)})" if cuda_archs else "  CUDA: yes")
-    else:
-        lines.append(f"  CUDA: no ({cuda_reason})")
-        lines.append(f"  left out: {_listed([tree.rel(s) for s in cuda])} ({cuda_reason})")
-    if tree.skipped:
-        lines.append(f"  skipped: {_listed([tree.rel(s) + '/' for s in tree.skipped])}")
-    return lines
-
-
-# --------------------------------------------------------------- the package route
-
-# The module init a TORCH_LIBRARY-only _C lacks: importing the package runs
-# `from . import _C`, and Python needs PyInit__C in the file to load it (the
-# registrations run as the file loads). TORCH_EXTENSION_NAME is _C here.
-_PYINIT = """\
-// Generated by opforge: an empty Python module, so that `from . import _C` loads
-// this library (its TORCH_LIBRARY registrations run as it loads).
-#include <Python.h>
-
-#define OPFORGE_STR2(x) #x
-#define OPFORGE_STR(x) OPFORGE_STR2(x)
-#define OPFORGE_CONCAT2(a, b) a##b
-#define OPFORGE_CONCAT(a, b) OPFORGE_CONCAT2(a, b)
-
-static PyModuleDef opforge_empty_module = {PyModuleDef_HEAD_INIT, OPFORGE_STR(TORCH_EXTENSION_NAME), nullptr, -1, nullptr};
-
-PyMODINIT_FUNC OPFORGE_CONCAT(PyInit_, TORCH_EXTENSION_NAME)() { return PyModule_Create(&opforge_empty_module); }
-"""
-
-
-def package_config(layout: Layout, *, with_cuda: bool | None = None) -> BuildConfig:
-    """The package's sources as a build of the JIT engine named ``_C``
-    (TORCH_EXTENSION_NAME too, so a ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``
-    defines PyInit__C), with an empty PyInit__C added where no source defines one.
-    A pybind11 module with another name is refused: Python would not find its init."""
-    from opforge.build import BuildError, cache_root, cuda_archs, gencode_flags, want_cuda
-    from opforge.build.jit import BuildConfig
-
-    package = layout.package
-    if package is None:
-        raise DiscoveryError(f"{layout.root}: no package here imports a compiled _C (from . import _C in its __init__.py)")
-    tree = layout.tree
-    for p in layout.binding.pybind:
-        if p.name not in ("TORCH_EXTENSION_NAME", "_C"):
-            raise BuildError(
-                f"opforge: {package.name} imports _C, but {tree.rel(p.file)}:{p.line} declares PYBIND11_MODULE({p.name}, {p.var}): "
-                f"Python would look for PyInit__C in {package.name}/_C and find PyInit_{p.name}. "
-                f"Write PYBIND11_MODULE(TORCH_EXTENSION_NAME, {p.var}) (opforge names it _C)"
-            )
-    cuda = bool(tree.cuda) and want_cuda() if with_cuda is None else with_cuda
-    sources = list(tree.cpp) + (list(tree.cuda) if cuda else [])
-    if not sources:
-        raise BuildError(f"opforge: {package.name}: no C++ source to build under {layout.root}, and CUDA sources cannot be built here")
-    if not layout.binding.pyinit_c and not any(p.name in ("TORCH_EXTENSION_NAME", "_C") for p in layout.binding.pybind):
-        sources.append(_write_generated(cache_root(), "pyinit", "pyinit.cpp", _PYINIT))
-    flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()))
-    archs = cuda_archs() if cuda else ()
-    return BuildConfig(
-        name=f"{package.name}_C",
-        sources=tuple(sources),
-        include_dirs=tree.include_dirs,
-        cflags=flags,
-        cuda_cflags=("-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs)) if cuda else (),
-        ldflags=("-fopenmp",),
-        with_cuda=cuda,
-        cuda_archs=archs,
-        extension_name="_C",
-    )
-
-
-def _write_generated(root: Path, kind: str, filename: str, text: str) -> Path:
-    """``text`` as ``root/inline/<kind>-<hash>/<filename>``, beside inline's
-    generated sources (``opforge cache`` lists and cleans them alike), written
-    once: a rewrite would change its mtime, and ninja would compile it again."""
-    folder = root / "inline" / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    target = folder / filename
-    if not (target.is_file() and target.read_text() == text):
-        folder.parent.mkdir(mode=0o700, exist_ok=True)
-        folder.mkdir(mode=0o700, exist_ok=True)
-        tmp = folder / f".{filename}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, target)
-    # The folder's mtime is its last use, for `opforge cache clean --older-than`.
-    with contextlib.suppress(OSError):
-        os.utime(folder)
-    return target
-
-
-def place_in_package(library: Path, package: Package) -> tuple[Path, bool]:
-    """Copies the built library to ``package.target()`` (a new file moved into
-    place: a process that has the old one loaded keeps its copy intact); returns
-    the path and whether it changed. A copy, not a link: stripping or editing it
-    must not touch the cache's entry."""
-    target = package.target()
-    if target.is_file() and target.stat().st_size == library.stat().st_size and _sha256(target) == _sha256(library):
-        return target, False
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copy2(library, tmp)
-        os.replace(tmp, target)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise DiscoveryError(f"cannot write {target}: {exc.strerror or exc}") from None
-    return target, True
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def skipped_name(tree: Tree, folder: Path) -> str:
+    """A skipped folder as ``describe`` names it: a vendored one with what of it is kept."""
+    if skip_reason(folder) != VENDORED:
+        return tree.rel(folder) + "/"
+    kept = [tree.rel(d) for d in tree.vendored_include if d.is_relative_to(folder)]
+    return f"{tree.rel(folder)}/ (vendored: its sources are not built{'; on the include path: ' + ', '.join(kept) if kept else ''})"
 
 
 __all__ = [
@@ -566,24 +445,23 @@ __all__ = [
     "CUDA_SUFFIXES",
     "HEADER_SUFFIXES",
     "SKIPPED_NAMES",
+    "VENDORED_NAMES",
     "Binding",
     "DiscoveryError",
     "Layout",
     "Package",
     "PybindModule",
     "Tree",
-    "cuda_unavailable",
-    "describe",
     "discover",
     "extension_suffix",
     "find_packages",
     "headers_under",
     "imports_c",
-    "package_config",
-    "place_in_package",
+    "include_folders",
     "pybind_modules",
     "read_binding",
     "skip_reason",
+    "skipped_name",
     "strip_comments",
     "walk",
 ]

@@ -29,6 +29,7 @@ from opforge.build import build_cuda_flag, cuda_archs, gencode_flags, want_cuda
 from opforge.build.discover import pybind_modules, strip_comments, walk
 from opforge.build.errors import BuildError
 from opforge.build.jit import BuildConfig, Library, cache_root, load_library, load_module
+from opforge.build.user_pch import with_torch_pch
 
 __all__ = ["build_pybind_folder", "inline", "inline_config", "pybind_folder_config", "pybind_instead_of_torch_library"]
 
@@ -175,6 +176,8 @@ def build_pybind_folder(
     default: the folder has .cu files and opforge would build CUDA, see
     ``opforge.build.want_cuda``); ``OPFORGE_WITH_CUDA`` is defined then, so the
     .cpp can hold a CPU fallback. ``name`` defaults to the folder's name.
+    The torch headers its sources begin with are precompiled once and shared
+    through the cache (``opforge.build.user_pch``).
     """
     cfg = pybind_folder_config(path, name, with_cuda=with_cuda, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags)
     tree = walk(Path(path))
@@ -225,7 +228,7 @@ def pybind_folder_config(
         archs = cuda_archs()
         cflags.append("-DOPFORGE_WITH_CUDA")
         cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs), *extra_cuda_cflags]
-    return BuildConfig(
+    cfg = BuildConfig(
         name=name,
         sources=tuple(sources),
         include_dirs=tree.include_dirs,
@@ -235,6 +238,8 @@ def pybind_folder_config(
         cuda_archs=archs,
         python_module=True,
     )
+    # torch/extension.h, which such a module includes, is most of each file's compile time.
+    return with_torch_pch(cfg)[0]
 
 
 def _check_identifier(value: str, what: str) -> None:

@@ -24,7 +24,6 @@ import os
 import shutil
 import stat
 import sys
-import threading
 import time
 import types
 from collections.abc import Iterator, Sequence
@@ -35,7 +34,8 @@ import torch
 from opforge.build import toolchain
 from opforge.build.discover import CUDA_SUFFIXES, headers_under
 from opforge.build.errors import BuildError, explain_build_failure
-from opforge.build.pch import precompiled_header
+from opforge.build.pch import Pch, precompiled_header
+from opforge.build.progress import Progress
 from opforge.build.store import cache_root, exclusive
 from opforge.build.torch_flags import torch_cxx_flags
 
@@ -63,6 +63,12 @@ class BuildConfig:
     # as include spellings: "<torch/extension.h>", '"my/all.h"'. Pays off for a
     # build of many .cpp files; two units (the op library's) gain nothing from it.
     pch_headers: tuple[str, ...] = ()
+    # The .cpp sources that get ``pch_headers``, where only some should: each
+    # one begins with exactly those headers (opforge.build.user_pch), and is
+    # compiled from a generated file that includes the header, then it. The
+    # headers are torch's, found without ``include_dirs``, so one precompiled
+    # header serves every folder. Empty: every .cpp source, by ``-include``.
+    pch_units: tuple[Path, ...] = ()
     # .cpp sources (a subset of ``sources``) compiled as one translation unit,
     # a generated file that includes each: torch's headers are parsed once for
     # all of them and the inline code they share is compiled once. Names at
@@ -107,6 +113,8 @@ class BuildConfig:
         put(*self.pch_headers, "|", *(str(u) for u in self.unity))
         if self.extension_name:  # only when set: the keys of every other build stay as they were
             put("extension_name", self.extension_name)
+        if self.pch_units:
+            put("pch_units", *(str(u) for u in self.pch_units))
         if not contents:
             put(*sorted(str(s) for s in self.sources), "|", *sorted(str(d) for d in self.include_dirs))
             return h.hexdigest()
@@ -278,15 +286,15 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
     if versioner is not None and hasattr(versioner, "entries"):
         versioner.entries.pop(so_name, None)
 
-    sources = _compiled_sources(cfg, objects)
-    progress = _Progress(objects, cfg.name, len(sources), len(cfg.sources), quiet=quiet)
-    with toolchain.applied(tc), _precompiled(cfg, tc.cxx.use, quiet=quiet) as pch_flags:
+    with toolchain.applied(tc), _precompiled(cfg, tc.cxx.use, quiet=quiet) as pch:
+        sources = _compiled_sources(cfg, objects, pch)
+        progress = Progress(objects, cfg.name, len(sources), len(cfg.sources), quiet=quiet)
         progress.start()
         try:
             cpp_extension.load(
                 name=so_name,
                 sources=[str(s) for s in sources],
-                extra_cflags=[*cfg.cflags, *pch_flags],
+                extra_cflags=[*cfg.cflags, *_pch_flags(cfg, pch)],
                 extra_cuda_cflags=list(cfg.cuda_cflags),
                 extra_ldflags=list(cfg.ldflags),
                 extra_include_paths=[str(d) for d in cfg.include_dirs],
@@ -306,13 +314,14 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
     return seconds
 
 
-def _compiled_sources(cfg: BuildConfig, objects: Path) -> list[Path]:
+def _compiled_sources(cfg: BuildConfig, objects: Path, pch: Pch | None = None) -> list[Path]:
     """The files ninja compiles: ``cfg.sources`` with the ``cfg.unity`` ones
-    replaced by one generated file that includes them (written only when its
-    text changes: a new mtime would recompile it; ninja's depfile tracks the
+    replaced by one generated file that includes them, and the ``cfg.pch_units``
+    by one each that includes the precompiled header first (written only when
+    its text changes: a new mtime would recompile it; ninja's depfile tracks the
     files it includes)."""
     if not cfg.unity:
-        return _unique_objects(list(cfg.sources), objects)
+        return _unique_objects(_pch_wrapped(cfg, objects, pch), objects)
     stray = [u for u in cfg.unity if u not in cfg.sources or u.suffix != ".cpp"]
     if stray:
         raise BuildError(f"opforge: {cfg.name}: unity sources must be .cpp files among its sources, got {[str(u) for u in stray]}")
@@ -367,16 +376,51 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
+def _pch_wrapped(cfg: BuildConfig, objects: Path, pch: Pch | None) -> list[Path]:
+    """``cfg.sources`` with each of ``cfg.pch_units`` replaced by a generated
+    file of its name that includes the precompiled header, then it: the unit
+    begins with those very headers, so it compiles as it would without them.
+    Under ``objects/pch/``, in the sources' own folder layout, so that two
+    units of one name still get an object each."""
+    if pch is None or not cfg.pch_units:
+        return list(cfg.sources)
+    base = Path(os.path.commonpath([str(u.parent) for u in cfg.pch_units]))
+    out = []
+    for s in cfg.sources:
+        if s not in cfg.pch_units:
+            out.append(s)
+            continue
+        wrapper = objects / "pch" / s.relative_to(base)
+        wrapper.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        note = f"// Generated by opforge: {s.name} after its precompiled {', '.join(cfg.pch_headers)}.\n"
+        _write_if_changed(wrapper, f'{note}#include "{pch.header}"\n#include "{s}"\n')
+        out.append(wrapper)
+    return out
+
+
+def _pch_flags(cfg: BuildConfig, pch: Pch | None) -> list[str]:
+    """What the compile lines gain: ``-include`` of the header for every .cpp
+    source, or only the warning where some units include it themselves (GCC
+    says why it passes over a header it cannot use, then parses the real ones)."""
+    if pch is None:
+        return []
+    return ["-Winvalid-pch"] if cfg.pch_units else pch.flags()
+
+
 @contextlib.contextmanager
-def _precompiled(cfg: BuildConfig, compiler: str, *, quiet: bool) -> Iterator[list[str]]:
-    """The flags that make every .cpp source load ``cfg.pch_headers``
-    precompiled (none without them), the header kept in the cache meanwhile."""
+def _precompiled(cfg: BuildConfig, compiler: str, *, quiet: bool) -> Iterator[Pch | None]:
+    """``cfg.pch_headers`` precompiled (None without them, or where it cannot
+    be), the header kept in the cache meanwhile. Users' units take torch's
+    headers from torch's own paths: their include folders stay out of the
+    header's flags, and so out of its key, and one header serves every folder."""
     if not cfg.pch_headers or os.environ.get("OPFORGE_PCH", "1") == "0":
-        yield []
+        yield None
         return
-    includes = [f"-I{d}" for d in cfg.include_dirs]
-    with precompiled_header(cfg.pch_headers, [*includes, *torch_cxx_flags(), *cfg.cflags], compiler=compiler, quiet=quiet) as pch:
-        yield pch.flags() if pch is not None else []
+    includes = [] if cfg.pch_units else [f"-I{d}" for d in cfg.include_dirs]
+    # An in-process rebuild's marker names no header: a header of its own would cost a full parse.
+    cflags = [f for f in cfg.cflags if not f.startswith("-DOPFORGE_IN_PROCESS_REBUILD=")]
+    with precompiled_header(cfg.pch_headers, [*includes, *torch_cxx_flags(), *cflags], compiler=compiler, quiet=quiet) as pch:
+        yield pch
 
 
 def _publish(built: Path, entry: Path, seconds: float, n_sources: int) -> None:
@@ -429,58 +473,3 @@ def _check_shared_libstdcxx(so: Path, compiler: str) -> None:
             "Torch loads the shared libstdc++; two copies in one process crash on the first error message. "
             "Build with a compiler that links libstdc++ dynamically, e.g. `CXX=g++ CC=gcc CUDAHOSTCXX=g++`."
         )
-
-
-class _Progress:
-    """Prints build progress on stderr from ninja's log of finished steps."""
-
-    def __init__(self, objects: Path, name: str, n_units: int, n_sources: int, *, quiet: bool) -> None:
-        self.objects = objects
-        self.name = name
-        self.total = n_units + 1  # at most one compile per translation unit, then the link
-        self.n_sources = n_sources
-        self._before = 0
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._start = time.perf_counter()
-
-    def start(self) -> None:
-        if not self.quiet:
-            self._before = self._steps()  # an incremental build appends to the log
-            units = f" in {self.total - 1} compile jobs" if self.total - 1 != self.n_sources else ""
-            print(
-                f"opforge: building {self.name} ({self.n_sources} sources{units}, unchanged ones reused)...",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._thread.start()
-
-    def _steps(self) -> int:
-        try:
-            lines = (self.objects / ".ninja_log").read_text().splitlines()
-        except OSError:
-            return 0
-        return sum(1 for ln in lines if ln and not ln.startswith("#"))
-
-    def _run(self) -> None:
-        last_print = 0.0
-        while not self._done.wait(0.5):
-            elapsed = time.perf_counter() - self._start
-            line = f"opforge: compiling [{self._steps() - self._before}/{self.total}] {elapsed:4.0f} s"
-            if self.tty:
-                print("\r" + line, end="", file=sys.stderr, flush=True)
-            elif elapsed - last_print >= 10:
-                print(line, file=sys.stderr, flush=True)
-                last_print = elapsed
-
-    def stop(self, *, ok: bool, seconds: float = 0.0) -> None:
-        if self.quiet:
-            return
-        self._done.set()
-        self._thread.join()
-        if self.tty:
-            print("\r", end="", file=sys.stderr)
-        if ok:
-            print(f"opforge: built {self.name} in {seconds:.1f} s", file=sys.stderr, flush=True)

@@ -1,0 +1,70 @@
+"""What ``opforge build PATH`` says it found, one line each, before anything
+compiles: sources, include folders, binding, route, the precompiled header,
+CUDA (and the CUDA sources that cannot be built here), skipped folders."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from opforge.build.discover import Layout, skipped_name
+from opforge.build.user_pch import plan
+
+
+def cuda_unavailable() -> str | None:
+    """Why this machine builds no CUDA kernels (as ``opforge.build.want_cuda``
+    decides), or None when it does."""
+    import torch
+
+    from opforge.build import build_cuda_flag, cuda_home, want_cuda
+
+    if want_cuda():
+        return None
+    if build_cuda_flag() is False:
+        return f"OPFORGE_BUILD_CUDA={os.environ['OPFORGE_BUILD_CUDA'].strip()}"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} has no CUDA"
+    return f"nvcc was not found{f' in {cuda_home()}' if cuda_home() else ''} (set CUDA_HOME)"
+
+
+def _listed(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def describe(layout: Layout, *, route: str, cuda_reason: str | None, cuda_archs: Sequence[str] = ()) -> list[str]:
+    """What was found and what will be built, one line each: sources, include
+    folders, binding, package, route, CUDA, and the CUDA sources left out."""
+    tree = layout.tree
+    cpp, cuda = tree.cpp, tree.cuda
+    kinds = ", ".join(f"{n} {what}" for n, what in ((len(cpp), "C++"), (len(cuda), "CUDA")) if n)
+    lines = [f"opforge build: {tree.root}"]
+    listed = _listed([tree.rel(s) for s in tree.sources])
+    lines.append(f"  sources: {len(tree.sources)} ({kinds}): {listed}" if tree.sources else "  sources: none")
+    lines.append(f"  include: {_listed([tree.rel(d) for d in tree.include_dirs])}")
+    lines.append(f"  binding: {layout.binding.summary(tree)}")
+    if layout.package is not None and route == "package":
+        p = layout.package
+        made = "" if layout.binding.pyinit_c else " (no source defines PyInit__C: an empty one is added, so the import loads it)"
+        lines.append(f"  package: {p.name} ({tree.rel(p.directory / '__init__.py')}:{p.line}: {p.statement}){made}")
+    how = layout.why if route == layout.route else "asked for with --route"
+    lines.append(f"  route: {route} ({how})")
+    if route in ("jit", "pybind", "package") and cpp:
+        lines.append(f"  precompiled header: {plan(cpp, tree.include_dirs).summary(tree.root, len(cpp))}")
+    if layout.other_routes():
+        lines.append(f"  also here: {', '.join(layout.other_routes())}")
+    if route == "cmake":
+        lines.append("  CUDA: as CMakeLists.txt says")
+    elif not cuda:
+        lines.append("  CUDA: no CUDA sources")
+    elif cuda_reason is None:
+        lines.append(f"  CUDA: yes (sm {', '.join(cuda_archs)})" if cuda_archs else "  CUDA: yes")
+    else:
+        lines.append(f"  CUDA: no ({cuda_reason})")
+        lines.append(f"  left out: {_listed([tree.rel(s) for s in cuda])} ({cuda_reason})")
+    if tree.skipped:
+        lines.append(f"  skipped: {_listed([skipped_name(tree, s) for s in tree.skipped])}")
+    return lines
+
+
+__all__ = ["cuda_unavailable", "describe"]

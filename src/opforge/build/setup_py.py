@@ -1,0 +1,345 @@
+"""The extensions a user's ``setup.py`` declares, read without building them.
+
+``read`` runs the setup.py in a subprocess (its own code decides what it
+declares: globs, ``torch.version.cuda`` tests, an ``if`` on an environment
+variable) with ``setuptools.setup`` replaced by a function that records its
+``ext_modules`` and stops, and with torch's ``CppExtension`` and
+``CUDAExtension`` recording what the author passed, before torch adds its own
+paths and libraries (the engine adds those itself). Nothing is compiled and
+nothing is written; a setup.py that fails, never calls ``setup()`` or runs
+past ``READ_TIMEOUT_S`` is an error that names it.
+
+``extension_config`` turns one extension into a build of the JIT engine
+(cache, lock, progress, compiler errors), named as setuptools names it, so
+that ``TORCH_EXTENSION_NAME`` and the module's init are what Python expects;
+``inplace_target`` is where ``build_ext --inplace`` would put its library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from opforge.build.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
+from opforge.build.jit import BuildConfig
+
+#: A setup.py only declares: a minute covers importing torch on a loaded machine.
+READ_TIMEOUT_S = 120.0
+
+# Run in the setup.py's folder as `python -c _READER SETUP_PY OUT_JSON`.
+_READER = r'''
+import json, os, runpy, sys
+
+setup_py, out = sys.argv[1], sys.argv[2]
+import setuptools
+
+
+class _Read(BaseException):
+    """Raised by the replaced setup(): what follows it in setup.py would act on a build."""
+
+
+def _declared(kind):
+    def make(name, sources, *args, **kwargs):
+        dlink = {k: kwargs.pop(k) for k in ("dlink", "dlink_libraries") if k in kwargs}
+        ext = setuptools.Extension(name, list(sources), *args, **kwargs)
+        ext._opforge_kind, ext._opforge_dlink = kind, bool(dlink.get("dlink"))
+        return ext
+    return make
+
+
+class _Declared:
+    """Replaces torch's two helpers once torch.utils.cpp_extension loads: a
+    setup.py that does not import torch does not wait for it."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch.utils.cpp_extension":
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else getattr(finder, "find_spec", lambda *a: None)(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_and_replace(module):
+            exec_module(module)
+            module.CppExtension = _declared("CppExtension")
+            module.CUDAExtension = _declared("CUDAExtension")
+
+        spec.loader.exec_module = exec_and_replace
+        return spec
+
+
+sys.meta_path.insert(0, _Declared())
+seen = {}
+
+
+def setup(*args, **kwargs):
+    seen["kwargs"] = kwargs
+    raise _Read
+
+
+setuptools.setup = setup
+try:
+    import distutils.core
+    distutils.core.setup = setup
+except ImportError:
+    pass
+
+def _flags(value):
+    if isinstance(value, dict):
+        return {str(k): [str(f) for f in v] for k, v in value.items()}
+    return {"cxx": [str(f) for f in value or []]}
+
+
+sys.argv = [setup_py, "build_ext", "--inplace"]
+sys.path.insert(0, os.path.dirname(setup_py))
+try:
+    runpy.run_path(setup_py, run_name="__main__")
+except _Read:
+    pass
+if "kwargs" not in seen:
+    json.dump({"setup_called": False}, open(out, "w"))
+    sys.exit(0)
+kwargs = seen["kwargs"]
+found = []
+for ext in kwargs.get("ext_modules") or []:
+    found.append({
+        "name": ext.name,
+        "kind": getattr(ext, "_opforge_kind", "Extension"),
+        "dlink": getattr(ext, "_opforge_dlink", False),
+        "sources": [str(s) for s in ext.sources],
+        "include_dirs": [str(d) for d in ext.include_dirs or []],
+        "define_macros": [[str(n), None if v is None else str(v)] for n, v in ext.define_macros or []],
+        "undef_macros": [str(m) for m in ext.undef_macros or []],
+        "extra_compile_args": _flags(ext.extra_compile_args),
+        "extra_link_args": [str(f) for f in ext.extra_link_args or []],
+        "libraries": [str(lib) for lib in ext.libraries or []],
+        "library_dirs": [str(d) for d in ext.library_dirs or []],
+        "runtime_library_dirs": [str(d) for d in ext.runtime_library_dirs or []],
+        "extra_objects": [str(o) for o in ext.extra_objects or []],
+    })
+package_dir = {str(k): str(v) for k, v in (kwargs.get("package_dir") or {}).items()}
+json.dump({"setup_called": True, "extensions": found, "package_dir": package_dir}, open(out, "w"))
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupExtension:
+    """One extension of a setup.py, as its author declared it (paths made absolute)."""
+
+    name: str  # the module's dotted name, "pkg._C"
+    kind: str  # CppExtension, CUDAExtension or Extension (setuptools' own)
+    sources: tuple[Path, ...]
+    include_dirs: tuple[Path, ...] = ()
+    define_macros: tuple[tuple[str, str | None], ...] = ()
+    undef_macros: tuple[str, ...] = ()
+    cxx_flags: tuple[str, ...] = ()
+    nvcc_flags: tuple[str, ...] = ()
+    extra_link_args: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    library_dirs: tuple[Path, ...] = ()
+    runtime_library_dirs: tuple[str, ...] = ()
+    extra_objects: tuple[Path, ...] = ()
+    dlink: bool = False
+
+    @property
+    def cpp(self) -> tuple[Path, ...]:
+        return tuple(s for s in self.sources if s.suffix in CPP_SUFFIXES)
+
+    @property
+    def cuda(self) -> tuple[Path, ...]:
+        return tuple(s for s in self.sources if s.suffix in CUDA_SUFFIXES)
+
+    def macros(self) -> list[str]:
+        """The macros as compiler flags, in the order setuptools gives them."""
+        return [f"-D{n}" if v is None else f"-D{n}={v}" for n, v in self.define_macros] + [f"-U{m}" for m in self.undef_macros]
+
+    def summary(self, root: Path) -> list[str]:
+        """What was read, a few lines, for ``opforge build`` to print before compiling."""
+
+        def rel(p: Path) -> str:
+            return p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p)
+
+        n = len(self.sources)
+        lines = [f"  {self.name} ({self.kind}): {n} source{'s' if n != 1 else ''}: {', '.join(rel(s) for s in self.sources)}"]
+        parts = [
+            ("include", ", ".join(rel(d) for d in self.include_dirs)),
+            ("macros", " ".join([n if v is None else f"{n}={v}" for n, v in self.define_macros] + [f"-U{m}" for m in self.undef_macros])),
+            ("cxx flags", " ".join(self.cxx_flags)),
+            ("nvcc flags", " ".join(self.nvcc_flags)),
+            ("libraries", " ".join([*self.libraries, *(rel(o) for o in self.extra_objects)])),
+            ("link flags", " ".join(self.extra_link_args)),
+        ]
+        lines += [f"    {what}: {value}" for what, value in parts if value]
+        return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupPy:
+    path: Path
+    extensions: tuple[SetupExtension, ...]
+    package_dir: Mapping[str, str]
+    seconds: float
+
+
+def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
+    """The extensions ``setup_py`` declares (see the module's doc). Raises
+    DiscoveryError, naming the file, when it fails, times out, calls no
+    ``setup()``, declares no extension or names a source that is not there."""
+    setup_py = setup_py.resolve()
+    root = setup_py.parent
+    how = "opforge runs it with setuptools.setup replaced, to read its extensions without building them"
+    with tempfile.TemporaryDirectory(prefix="opforge-setup-py-") as tmp:
+        out = Path(tmp) / "extensions.json"
+        start = time.perf_counter()
+        try:
+            res = subprocess.run(
+                [sys.executable, "-c", _READER, str(setup_py), str(out)],
+                cwd=root,
+                env={**os.environ, "OPFORGE_NO_AUTOLOAD": "1"},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise DiscoveryError(
+                f"{setup_py} did not finish within {timeout:.0f} s ({how}); a setup.py that waits for input, downloads "
+                "or builds something before setup() cannot be read: build with pip, or give the folder a --route"
+            ) from None
+        seconds = time.perf_counter() - start
+        if res.returncode != 0 or not out.is_file():
+            lines = (res.stderr or res.stdout).strip().splitlines()
+            # The reader's own frames (runpy's, "<string>") say nothing about the setup.py.
+            first = next((i for i, ln in enumerate(lines) if ln.strip().startswith(f'File "{setup_py}"')), None)
+            if first is not None:
+                lines = ["Traceback (most recent call last):", *lines[first:]]
+            tail = "\n".join(lines[-15:])
+            raise DiscoveryError(f"{setup_py} failed (exit {res.returncode}) when read ({how}):\n{tail}")
+        found = json.loads(out.read_text())
+    if not found["setup_called"]:
+        raise DiscoveryError(f"{setup_py} ran to its end without calling setuptools.setup(): there is nothing to read")
+    if not found["extensions"]:
+        raise DiscoveryError(f"{setup_py} calls setup() with no ext_modules: it declares no extension to build")
+    extensions = tuple(_extension(e, root, setup_py) for e in found["extensions"])
+    return SetupPy(setup_py, extensions, found["package_dir"], seconds)
+
+
+def _extension(raw: dict, root: Path, setup_py: Path) -> SetupExtension:
+    def path(p: str) -> Path:
+        return (root / p).resolve()
+
+    sources = tuple(path(s) for s in raw["sources"])
+    for s in sources:
+        if s.suffix not in (*CPP_SUFFIXES, *CUDA_SUFFIXES):
+            raise DiscoveryError(
+                f"{setup_py}: extension {raw['name']} lists {s.name}: opforge builds C++ (.cpp, .cc, .cxx) and CUDA (.cu) sources"
+            )
+        if not s.is_file():
+            raise DiscoveryError(f"{setup_py}: extension {raw['name']} lists the source {s}, which is not there")
+    if not sources:
+        raise DiscoveryError(f"{setup_py}: extension {raw['name']} lists no source")
+    flags = raw["extra_compile_args"]
+    return SetupExtension(
+        name=raw["name"],
+        kind=raw["kind"],
+        sources=sources,
+        include_dirs=tuple(path(d) for d in raw["include_dirs"]),
+        define_macros=tuple((n, v) for n, v in raw["define_macros"]),
+        undef_macros=tuple(raw["undef_macros"]),
+        cxx_flags=tuple(flags.get("cxx", ())),
+        nvcc_flags=tuple(flags.get("nvcc", ())),
+        extra_link_args=tuple(raw["extra_link_args"]),
+        libraries=tuple(raw["libraries"]),
+        library_dirs=tuple(path(d) for d in raw["library_dirs"]),
+        runtime_library_dirs=tuple(raw["runtime_library_dirs"]),
+        extra_objects=tuple(path(o) for o in raw["extra_objects"]),
+        dlink=bool(raw["dlink"]),
+    )
+
+
+def _python_optimisation() -> list[str]:
+    """The optimisation flags setuptools takes from Python's own build
+    (``-DNDEBUG -fwrapv -O3`` for most), without its ``-g`` and warnings:
+    the library behaves as a ``build_ext`` one does, asserts included."""
+    wanted = ("-O", "-DNDEBUG", "-fwrapv")
+    return [f for f in (sysconfig.get_config_var("CFLAGS") or "").split() if f.startswith(wanted)]
+
+
+def extension_config(ext: SetupExtension, *, with_cuda: bool) -> BuildConfig:
+    """``ext`` as a build of the JIT engine: its flags after Python's, its
+    macros, include and library folders as declared; CUDA sources only with
+    ``with_cuda``. The library is named by the module's last part (``_C``)."""
+    from opforge.build import cuda_archs, gencode_flags
+    from opforge.build.errors import BuildError
+    from opforge.build.user_pch import with_torch_pch
+
+    if ext.dlink:
+        raise BuildError(
+            f"opforge: {ext.name} asks for a device link step (dlink=True), which opforge's engine does not run; build with pip"
+        )
+    cuda = with_cuda and bool(ext.cuda)
+    sources = ext.cpp + (ext.cuda if cuda else ())
+    if not sources:
+        raise BuildError(f"opforge: {ext.name}: only CUDA sources, and CUDA cannot be built here")
+    archs = cuda_archs() if cuda else ()
+    own_arch = any(f.startswith(("-gencode", "-arch", "--generate-code", "--gpu-architecture")) for f in ext.nvcc_flags)
+    ldflags = [f"-L{d}" for d in ext.library_dirs] + [f"-l{lib}" for lib in ext.libraries]
+    ldflags += [f"-Wl,-rpath,{d}" for d in ext.runtime_library_dirs] + [str(o) for o in ext.extra_objects] + list(ext.extra_link_args)
+    cfg = BuildConfig(
+        name=ext.name.replace(".", "_"),
+        sources=sources,
+        include_dirs=ext.include_dirs,
+        cflags=(*_python_optimisation(), *ext.macros(), *ext.cxx_flags),
+        cuda_cflags=(*ext.macros(), *ext.nvcc_flags, *(() if own_arch else gencode_flags(archs))) if cuda else (),
+        ldflags=tuple(ldflags),
+        with_cuda=cuda,
+        cuda_archs=archs,
+        extension_name=ext.name.rsplit(".", 1)[-1],
+    )
+    return with_torch_pch(cfg)[0]
+
+
+def package_folder(package: str, root: Path, package_dir: Mapping[str, str]) -> Path:
+    """The folder of ``package`` ("a.b") as setuptools finds it from ``package_dir``
+    (``{"": "src"}``, ``{"a": "lib/a"}``); "" is the top level."""
+    parts = package.split(".") if package else []
+    for i in range(len(parts), -1, -1):
+        head = ".".join(parts[:i])
+        if head in package_dir:
+            return root.joinpath(package_dir[head], *parts[i:])
+    return root.joinpath(*parts)
+
+
+def inplace_target(ext: SetupExtension, root: Path, package_dir: Mapping[str, str]) -> Path:
+    """Where ``build_ext --inplace`` puts ``ext``'s library: ``pkg/_C<EXT_SUFFIX>`` for ``pkg._C``."""
+    package, _, module = ext.name.rpartition(".")
+    return package_folder(package, root, package_dir) / f"{module}{extension_suffix()}"
+
+
+def import_root(ext: SetupExtension, root: Path, package_dir: Mapping[str, str]) -> Path:
+    """The folder to put on sys.path for ``import <ext.name>``: where its top-level package lives."""
+    top = ext.name.split(".")[0]
+    return package_folder(top, root, package_dir).parent if "." in ext.name else inplace_target(ext, root, package_dir).parent
+
+
+__all__ = [
+    "READ_TIMEOUT_S",
+    "SetupExtension",
+    "SetupPy",
+    "extension_config",
+    "import_root",
+    "inplace_target",
+    "package_folder",
+    "read",
+]
