@@ -91,10 +91,10 @@ def test_a_bare_name_is_the_operator_even_beside_a_folder_of_that_name(tmp_path,
 
     monkeypatch.setattr(opforge.project, "load_project", load_project)
     monkeypatch.chdir(tmp_path)
-    assert cli._projects(["add"]) == (["add"], {}, True)
+    assert cli.resolve_targets(["add"]) == (["add"], {}, True)
     assert loaded == []
     for as_path in ("./add", "add/", str(package)):
-        assert cli._projects([as_path]) == (["add_pkg::add"], {as_path: False}, False)
+        assert cli.resolve_targets([as_path]) == (["add_pkg::add"], {as_path: False}, False)
     assert loaded == ["add", "add", str(package)]
     # End to end: opforge's own operator is checked, and the package is never imported.
     loaded.clear()
@@ -397,6 +397,6 @@ def test_bench_arguments_are_checked_before_anything_runs(command, args, message
 
 
 def test_dtype_aliases_are_spelled_out():
-    from opforge.cli import _dtype_list
+    from opforge.cli import dtype_list
 
-    assert _dtype_list("fp16,bf16,float32,torch.float64,fp32") == "float16,bfloat16,float32,float64"
+    assert dtype_list("fp16,bf16,float32,torch.float64,fp32") == "float16,bfloat16,float32,float64"

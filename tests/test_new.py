@@ -113,7 +113,7 @@ def test_bench_times_the_package_through_the_eager_fast_path(package, env):
     res = run(env, "-c", code)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.split() == ["before", "False"]  # the premise: no fast path without opforge's library
-    code = code.replace("specs = load_project", "cli._fast_path_for_packages(); specs = load_project").replace("'before'", "'after'")
+    code = code.replace("specs = load_project", "cli.fast_path_for_packages(); specs = load_project").replace("'before'", "'after'")
     res = run(env, "-c", code)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.split() == ["after", "True"]

@@ -48,9 +48,6 @@ from opforge.spec import OpSpec, Sample
 BENCH_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 IMPLS: tuple[str, ...] = ("opforge", "eager", "compiled")
 
-# What cli.py calls until it calls device_name.
-_device_name = device_name
-
 
 def _compiled(spec: OpSpec) -> Callable[..., Any]:
     """The reference compiled for one case's shapes. Dynamo's caches are reset

@@ -50,10 +50,6 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-# What cli.py calls until it calls slug.
-_slug = slug
-
-
 def _median_seconds(fn: Callable[[], object], device: torch.device, reps: int) -> float:
     fn()
     times = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from opforge.build import BuildError, cache_root, library_config
 from opforge.build import cache as build_cache
-from opforge.build.jit import _is_complete, module_name
+from opforge.build.jit import is_complete, module_name
 from opforge.build.prebuilt import choose_prebuilt, library_file
 from opforge.build.store import CacheDirError
 from opforge.build.toolchain import Problem
@@ -217,7 +217,7 @@ def probe_library(problems: list[Problem], cache: CacheInfo) -> LibraryInfo:
     elif state.state == "complete":
         # The checksum is what load_library checks too: a library changed after
         # its build is rebuilt, not loaded.
-        if _is_complete(entry, entry / f"{module_name(cfg)}.so"):
+        if is_complete(entry, entry / f"{module_name(cfg)}.so"):
             info.state = "built"
         else:
             info.state, info.note = "corrupt", "its library does not match its checksum; the next build replaces it"

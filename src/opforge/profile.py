@@ -26,7 +26,6 @@ first, so that a mistake in them is found on any machine.
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
 import os
 import random
@@ -35,12 +34,19 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+
+# The parsers and command lines live in their own modules; `X as X` names the
+# ones this module re-exports without using them, for `from opforge.profile import ...`.
+from opforge.profile_ncu import METRICS as METRICS
+from opforge.profile_ncu import kernel_table, ncu_command, ncu_import_command, parse_ncu_csv, short_kernel_name
+from opforge.profile_sanitizer import SANITIZER_TOOLS, parse_sanitizer, sanitizer_command
+from opforge.profile_sanitizer import parse_sanitizer_summary as parse_sanitizer_summary
 
 if TYPE_CHECKING:
     import torch
@@ -54,42 +60,6 @@ err = Console(stderr=True)
 
 #: Exit status when the GPU or a tool is missing: "cannot run here", not "failed".
 EXIT_MISSING = 2
-
-# metric -> column heading. Raw metric names, not the labels of ncu's sections,
-# so what is printed is exactly what was asked for whatever ncu's version.
-METRICS: dict[str, str] = {
-    "gpu__time_duration.sum": "duration",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM % of peak",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM % of peak",
-    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy %",
-    "launch__registers_per_thread": "registers/thread",
-    "launch__shared_mem_per_block_static": "static shared memory/block",
-    "launch__shared_mem_per_block_dynamic": "dynamic shared memory/block",
-    "launch__grid_size": "grid size",
-    "launch__block_size": "block size",
-}
-
-# The labels ncu's own sections give these metrics: a report imported with
-# section labels instead of metric names still parses.
-_LABELS: dict[str, str] = {
-    "Duration": "gpu__time_duration.sum",
-    "DRAM Throughput": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "Compute (SM) Throughput": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "Achieved Occupancy": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "Registers Per Thread": "launch__registers_per_thread",
-    "Static Shared Memory Per Block": "launch__shared_mem_per_block_static",
-    "Dynamic Shared Memory Per Block": "launch__shared_mem_per_block_dynamic",
-    "Grid Size": "launch__grid_size",
-    "Block Size": "launch__block_size",
-}
-
-SANITIZER_TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
-_SANITIZER_OPTIONS: dict[str, tuple[str, ...]] = {
-    # PyTorch keeps allocations alive in its caching allocator until exit: every one would be a "leak".
-    "memcheck": ("--leak-check", "no"),
-}
-#: compute-sanitizer's exit status when its tool reported an error.
-SANITIZER_ERROR_EXIT = 9
 
 # The runner's inputs: fixed, so two profiles of one case see the same data.
 _RUN_SEED = 0
@@ -243,240 +213,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
 # ---------------------------------------------------------------- ncu
 
 
-@dataclass(frozen=True)
-class Metric:
-    value: float
-    unit: str
-
-
-@dataclass
-class KernelProfile:
-    """One kernel launch as ncu measured it. Durations are in microseconds and
-    sizes in bytes whatever units ncu printed."""
-
-    id: int
-    name: str
-    metrics: dict[str, Metric] = field(default_factory=dict)
-    grid: str = ""  # ncu's "Grid Size" column, "(65536, 1, 1)"; empty if absent
-    block: str = ""
-
-    def value(self, metric: str) -> float | None:
-        m = self.metrics.get(metric)
-        return m.value if m is not None else None
-
-    @property
-    def duration_us(self) -> float | None:
-        return self.value("gpu__time_duration.sum")
-
-    @property
-    def dram_pct(self) -> float | None:
-        return self.value("dram__throughput.avg.pct_of_peak_sustained_elapsed")
-
-    @property
-    def sm_pct(self) -> float | None:
-        return self.value("sm__throughput.avg.pct_of_peak_sustained_elapsed")
-
-    @property
-    def occupancy_pct(self) -> float | None:
-        return self.value("sm__warps_active.avg.pct_of_peak_sustained_active")
-
-    @property
-    def registers(self) -> float | None:
-        return self.value("launch__registers_per_thread")
-
-    @property
-    def shared_bytes(self) -> float | None:
-        """Static plus dynamic shared memory per block."""
-        parts = [self.value("launch__shared_mem_per_block_static"), self.value("launch__shared_mem_per_block_dynamic")]
-        known = [p for p in parts if p is not None]
-        return sum(known) if known else None
-
-
-# unit -> factor to microseconds; ncu 2025 prints "ns", older versions "nsecond".
-_TIME_UNITS: dict[str, float] = {
-    "nsecond": 1e-3,
-    "ns": 1e-3,
-    "usecond": 1.0,
-    "us": 1.0,
-    "µs": 1.0,
-    "msecond": 1e3,
-    "ms": 1e3,
-    "second": 1e6,
-    "s": 1e6,
-}
-# ncu scales bytes by powers of 1000 (Kbyte) unless it prints the binary prefixes (KiB).
-_BYTE_UNITS: dict[str, float] = {
-    "byte": 1.0,
-    "Kbyte": 1e3,
-    "Mbyte": 1e6,
-    "Gbyte": 1e9,
-    "KB": 1e3,
-    "MB": 1e6,
-    "GB": 1e9,
-    "Kibyte": 1024.0,
-    "Mibyte": 1024.0**2,
-    "KiB": 1024.0,
-    "MiB": 1024.0**2,
-}
-
-
-def normalise(value: float, unit: str) -> Metric:
-    """Durations to microseconds, sizes to bytes (a ``/block`` or ``/thread`` suffix kept)."""
-    unit = unit.strip()
-    if unit in _TIME_UNITS:
-        return Metric(value * _TIME_UNITS[unit], "us")
-    base, sep, per = unit.partition("/")
-    if base in _BYTE_UNITS:
-        return Metric(value * _BYTE_UNITS[base], "byte" + sep + per)
-    return Metric(value, unit)
-
-
-def parse_number(text: str) -> float | None:
-    """A metric value as ncu prints it ("1,234.5"), or None for "n/a", "" and the like."""
-    try:
-        return float(text.strip().replace(",", ""))
-    except ValueError:
-        return None
-
-
-def _csv_rows(text: str) -> list[list[str]]:
-    # ncu quotes every field; anything else on its stdout (==PROF== lines, the
-    # profiled program's own output) is not part of the table.
-    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    return list(csv.reader(lines))
-
-
-def parse_ncu_csv(text: str) -> list[KernelProfile]:
-    """Kernel launches from ``ncu --csv`` output, in launch order.
-
-    Reads both layouts: the details page (one row per metric: ``"ID",...,
-    "Kernel Name",...,"Metric Name","Metric Unit","Metric Value"``) and the raw
-    page (a header of metric names, a row of units, then one row per launch)."""
-    kernels: dict[tuple[int, str], KernelProfile] = {}
-    header: list[str] = []
-    units: list[str] | None = None
-    for row in _csv_rows(text):
-        if row and row[0] == "ID":
-            header, units = row, None
-            continue
-        if not header:
-            continue
-        rec = dict(zip(header, row, strict=False))
-        if "Metric Name" not in header and units is None and not rec.get("ID", "").strip():
-            units = row  # the raw page's second line: units under the metric names
-            continue
-        launch = int(parse_number(rec.get("ID", "")) or 0)
-        name = rec.get("Kernel Name", "")
-        k = kernels.setdefault((launch, name), KernelProfile(launch, name, grid=rec.get("Grid Size", ""), block=rec.get("Block Size", "")))
-        if "Metric Name" in header:
-            pairs = [(rec.get("Metric Name", ""), rec.get("Metric Unit", ""), rec.get("Metric Value", ""))]
-        else:
-            unit_of = dict(zip(header, units or [], strict=False))
-            pairs = [(col, unit_of.get(col, ""), rec.get(col, "")) for col in header if col in METRICS or col in _LABELS]
-        for metric, unit, raw in pairs:
-            metric = _LABELS.get(metric, metric)
-            value = parse_number(raw)
-            if value is not None:
-                k.metrics[metric] = normalise(value, unit)
-    return list(kernels.values())
-
-
-def ncu_command(
-    ncu: str, op: str, case: str, dtype: str, *, export: Path | None = None, project: Path | None = None, python: str = sys.executable
-) -> list[str]:
-    """The ncu command line that profiles one call of ``op`` on one case
-    (an operator of the package or spec file at ``project``, which the runner loads first)."""
-    cmd = [
-        ncu,
-        "--clock-control",
-        "none",  # never touch clocks: measure at the clocks the op really runs at
-        "--profile-from-start",
-        "off",  # only what the runner brackets with cudaProfilerStart/Stop
-        "--csv",
-        "--page",
-        "details",
-        "--print-units",
-        "base",  # nanoseconds and bytes: no scaled units to undo
-        "--metrics",
-        ",".join(METRICS),
-    ]
-    if export is not None:
-        cmd += ["--export", str(export), "--force-overwrite"]
-    runner = [python, "-m", "opforge.profile", "--run-case", op, case, dtype]
-    return [*cmd, *runner, *(("--project", str(project)) if project is not None else ())]
-
-
-def ncu_import_command(ncu: str, report: Path) -> list[str]:
-    """Prints a saved report as the CSV that ``parse_ncu_csv`` reads."""
-    return [ncu, "--import", str(report), "--csv", "--page", "details", "--print-units", "base"]
-
-
-def short_kernel_name(name: str, limit: int = 72) -> str:
-    """``void binary_kernel<float, unnamed>::AddOp>(T1 *, const T1 *, const T1 *, long, T2)`` (as ncu
-    prints it) or ``void opforge::cuda::binary_kernel<float, opforge::(anonymous namespace)::AddOp>(float *, ...)``
-    -> ``binary_kernel<float, AddOp>``: no return type, arguments or namespaces."""
-    s = name.strip()
-    s = re.sub(r"^void\s+", "", s)
-    if s.endswith(")"):
-        depth = 0
-        for i in range(len(s) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(s[i], 0)
-            if depth == 0:
-                if i > 0:  # keep a name that is all parentheses as it is
-                    s = s[:i]
-                break
-    # "(anonymous namespace)::" as C++ spells it; ncu prints "<unnamed>::" or, in a template argument, "unnamed>::".
-    s = re.sub(r"\(anonymous namespace\)::|<?unnamed>::", "", s)
-    s = re.sub(r"\b[A-Za-z_]\w*::", "", s)
-    s = re.sub(r"\s+", " ", s).strip()
-    return s if len(s) <= limit else s[: limit - 1] + "…"
-
-
-def _fmt(value: float | None, spec: str = ",.1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _dims(text: str, fallback: float | None) -> str:
-    """ "(65536, 1, 1)" -> "65,536"; "(32, 8, 1)" -> "32x8"."""
-    nums = [int(n) for n in re.findall(r"\d+", text)] if text else []
-    if not nums:
-        return "-" if fallback is None else f"{int(fallback):,}"
-    while len(nums) > 1 and nums[-1] == 1:
-        nums.pop()
-    return "x".join(f"{n:,}" for n in nums)
-
-
-def kernel_table(kernels: Sequence[KernelProfile], title: str) -> Table:
-    table = Table(title=title)
-    for col, just in [
-        ("kernel", "left"),
-        ("duration us", "right"),
-        ("DRAM % peak", "right"),
-        ("SM % peak", "right"),
-        ("occupancy %", "right"),
-        ("regs/thread", "right"),
-        ("smem B/block", "right"),
-        ("grid x block", "right"),
-    ]:
-        # A kernel's name is what the reader searches for: folded onto more lines, never cut short.
-        table.add_column(col, justify=just, overflow="fold" if col == "kernel" else "ellipsis")
-    for k in kernels:
-        table.add_row(
-            short_kernel_name(k.name),
-            _fmt(k.duration_us, ",.2f"),
-            _fmt(k.dram_pct),
-            _fmt(k.sm_pct),
-            _fmt(k.occupancy_pct),
-            _fmt(k.registers, ",.0f"),
-            _fmt(k.shared_bytes, ",.0f"),
-            f"{_dims(k.grid, k.value('launch__grid_size'))} x {_dims(k.block, k.value('launch__block_size'))}",
-        )
-    if len(kernels) > 1:
-        total = sum(k.duration_us or 0.0 for k in kernels)
-        table.add_row("[bold]total[/]", f"[bold]{total:,.2f}[/]", "", "", "", "", "", "")
-    return table
-
-
 def _report_path(op: str, case: str, dtype: str) -> Path:
     slug = re.sub(r"[^A-Za-z0-9]+", "_", f"{op}_{dtype}_{case}").strip("_")
     return Path.cwd() / f"opforge-profile-{slug}.ncu-rep"
@@ -551,117 +287,6 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, proj
 # ---------------------------------------------------------------- compute-sanitizer
 
 
-@dataclass
-class SanitizerReport:
-    errors: int  # -1: no "ERROR SUMMARY" line (the tool did not finish)
-    kernels: list[str]
-    kinds: list[str]  # distinct error headlines, "Invalid __global__ write of size 4 bytes"
-
-
-_SUMMARY = re.compile(r"ERROR SUMMARY:\s*([\d,]+)\s+errors?")
-_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:.*?\(([\d,]+)\s+errors?")
-_PREFIX = re.compile(r"^=+\s*")
-_ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
-# "kernel(float *)+0x1b0" or "kernel(float *)+0x1b0 in /src/add.cu:41": the kernel, then its offset.
-_AT_OFFSET = re.compile(r"^(.+?)\+0x[0-9a-fA-F]+(?: in .+)?$")
-# "add.cu:41" or, in older versions, "add.cu:41:kernel(int*)".
-_SOURCE = re.compile(r"^\S+\.(?:cu|cuh|h|hpp|cpp|cc|c|py):\d+(?::(.+))?$")
-# racecheck names both sides of a race on one line or two.
-_ACCESS = re.compile(r"\b(?:Write|Read) access at (.+?)(?= and (?:Write|Read) access|\s*\[[\d,]+ hazards?\]|$)")
-_API_ACCESS = re.compile(r"\bon access by (cuda\w+|cu\w+)")
-_HEADLINE = re.compile(
-    r"^((?:Invalid|Uninitialized|Barrier error|Race reported|Error:|Program hit|Host API|Malloc/Free error|Out-of-range|Potential)\b.*)"
-)
-
-
-def _kernel_of(location: str) -> str | None:
-    """The kernel in a sanitizer location ("0x1b0 in k(float *)", "k(float *)+0x1b0 in add.cu:41",
-    "0x250 in add.cu:41:k(int*)"), or None where it names only an address or a source line."""
-    loc = location.strip()
-    if m := _AT_OFFSET.match(loc):
-        return m.group(1).strip()
-    for part in (p.strip() for p in loc.split(" in ")):
-        if not part or _ADDRESS.match(part):
-            continue
-        if src := _SOURCE.match(part):
-            if src.group(1):
-                return src.group(1).strip()
-            continue
-        return part
-    return None
-
-
-def _kernels_named(line: str) -> list[str | None]:
-    """The kernels (or host API calls) one line of an error record names."""
-    if races := _ACCESS.findall(line):
-        return [_kernel_of(loc) for loc in races]
-    if line.startswith("at "):
-        return [_kernel_of(line[3:])]
-    if line.startswith("Device Frame:"):  # older versions' device backtraces
-        return [line.removeprefix("Device Frame:").split(" (", 1)[0].strip()]
-    if m := _API_ACCESS.search(line):
-        return [f"({m.group(1)})"]  # a host API call (a copy) read the memory, not a kernel
-    return []
-
-
-def _parse_sanitizer(text: str) -> SanitizerReport:
-    errors = -1
-    kernels: list[str] = []
-    kinds: list[str] = []
-    for raw in text.splitlines():
-        # Every line the sanitizer writes starts with "=========": the checked program's own output does not.
-        if not raw.startswith("=="):
-            continue
-        line = _PREFIX.sub("", raw).strip()
-        if m := _SUMMARY.search(line):
-            errors = int(m.group(1).replace(",", ""))
-            continue
-        if (m := _RACE_SUMMARY.search(line)) and errors < 0:
-            errors = int(m.group(1).replace(",", ""))
-            continue
-        for k in _kernels_named(line):
-            if k and k not in kernels:
-                kernels.append(k)
-        if (h := _HEADLINE.match(line)) and h.group(1) not in kinds:
-            kinds.append(h.group(1))
-    return SanitizerReport(errors, kernels, kinds)
-
-
-def parse_sanitizer_summary(text: str) -> tuple[int, list[str]]:
-    """(errors, kernels) from compute-sanitizer's output: the count on its
-    "ERROR SUMMARY: N errors" line (-1 if there is none: the tool did not finish)
-    and the kernels its error records name, in order of first appearance."""
-    rep = _parse_sanitizer(text)
-    return rep.errors, rep.kernels
-
-
-def sanitizer_command(sanitizer: str, tool: str, op: str | Sequence[str], seed: int, *, python: str = sys.executable) -> list[str]:
-    """The compute-sanitizer command line that runs ``opforge check OP [OP ...]``
-    on CUDA under ``tool``; an OP may be a package directory (``opforge check DIR``)."""
-    ops = [op] if isinstance(op, str) else list(op)
-    return [
-        sanitizer,
-        "--tool",
-        tool,
-        "--error-exitcode",
-        str(SANITIZER_ERROR_EXIT),
-        *_SANITIZER_OPTIONS.get(tool, ()),
-        python,
-        "-m",
-        "opforge",
-        "check",
-        *ops,
-        "--device",
-        "cuda",
-        "--checks",
-        "reference",
-        "--reference-on",
-        "cpu",
-        "--seed",
-        str(seed),
-    ]
-
-
 def _sanitizer_env() -> dict[str, str]:
     env = _child_env()
     # Without PyTorch's caching allocator each tensor is its own cudaMalloc, so
@@ -702,7 +327,7 @@ def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Pa
     for tool in SANITIZER_TOOLS:
         cmd = sanitizer_command(sanitizer, tool, targets, seed)
         res = _run(cmd, env, f"compute-sanitizer --tool {tool}: opforge check {target}")
-        rep = _parse_sanitizer(res.stdout)
+        rep = parse_sanitizer(res.stdout)
         ok = rep.errors == 0 and res.returncode == 0
         failed |= not ok
         if ok:

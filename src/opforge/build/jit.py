@@ -157,12 +157,12 @@ def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
     entry = root / f"{cfg.name}-{key[:16]}"
     so = entry / f"{module_name(cfg)}.so"
     built_now, seconds = False, None
-    if not _is_complete(entry, so):
+    if not is_complete(entry, so):
         objects = root / f"{cfg.name}-{cfg.objects_key()[:16]}.objects"
         # One lock per object directory: it serialises every build that writes there.
         with exclusive(root / f"{objects.name}.lock", quiet=quiet):
             # Another process may have finished it while we waited.
-            if not _is_complete(entry, so):
+            if not is_complete(entry, so):
                 seconds = _build(cfg, objects, so.stem, quiet=quiet)
                 _publish(objects / so.name, entry, seconds, len(cfg.sources))
                 built_now = True
@@ -246,7 +246,7 @@ def check_safe_to_load(path: Path, *, in_cache: bool = True, root_ok: bool = Fal
             )
 
 
-def _is_complete(entry: Path, so: Path) -> bool:
+def is_complete(entry: Path, so: Path) -> bool:
     """True when the marker exists and the library matches what it recorded."""
     try:
         meta = json.loads((entry / _MARKER).read_text())

@@ -1,0 +1,166 @@
+"""The ``opforge`` command: build, list, check and benchmark operators.
+
+The parser is built here; each command group lives in its own module
+(build, check, bench, cache, new), with the operands resolved by
+:mod:`opforge.cli.targets` and printed through :mod:`opforge.cli.render`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from opforge.cli.args import dtype_list, existing_file, positive_seconds, usage_error
+from opforge.cli.bench import BenchOptions, bench_ops, cmd_bench, cmd_run, run_bench, write_outputs
+from opforge.cli.build import build_folder, build_project, cmd_build, print_library
+from opforge.cli.cache import cmd_cache_clean, cmd_cache_list
+from opforge.cli.check import check_failures, check_ops, cmd_check, cmd_list, run_check
+from opforge.cli.new import cmd_new
+from opforge.cli.render import bench_table, err, out, print_comparison
+from opforge.cli.targets import device_and_specs, fast_path_for_packages, library, pick_device, resolve_targets, specs_of
+
+__all__ = [
+    "BenchOptions",
+    "bench_ops",
+    "bench_table",
+    "build_folder",
+    "build_project",
+    "check_failures",
+    "check_ops",
+    "device_and_specs",
+    "dtype_list",
+    "err",
+    "existing_file",
+    "fast_path_for_packages",
+    "library",
+    "main",
+    "out",
+    "pick_device",
+    "positive_seconds",
+    "print_comparison",
+    "print_library",
+    "resolve_targets",
+    "run_bench",
+    "run_check",
+    "specs_of",
+    "usage_error",
+    "write_outputs",
+]
+
+
+def _version() -> str:
+    from opforge import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="opforge", description="Build, check and benchmark custom PyTorch operators.")
+    p.add_argument("--version", action="version", version=f"opforge {_version()}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("ops", nargs="*",
+                        help="operators, package directories of opforge new's given as paths (./my_op, my_op/: their "
+                             "operators), or spec files (my_specs.py: the operators its SPECS list, opforge.spec(...) of "
+                             "operators already in torch.ops); default: all")  # fmt: skip
+        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if a GPU is visible, else cpu")
+        sp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, printed)")
+
+    sp = sub.add_parser("build", help="build (or find in the cache) the op library, or a folder of yours, and say where it is")
+    sp.add_argument("path", nargs="?", type=Path, default=None,
+                    help="a folder of your sources, in any layout: sources and headers in any subfolder, a package "
+                         "importing _C, a pybind11 module, a setup.py or a CMakeLists.txt; what it finds is printed "
+                         "first (default: opforge's own op library)")  # fmt: skip
+    sp.add_argument("--route", choices=["auto", "setup.py", "jit", "inline", "setuptools", "pybind", "cmake", "package"], default="auto",
+                    help="auto (default): the one the folder calls for; setup.py: the extensions its setup.py declares, read "
+                         "from it (setup() is not run) and built in place as build_ext --inplace would; TORCH_LIBRARY ops "
+                         "by jit (cached ninja build), inline (the files as strings) or setuptools (build_ext, as pip "
+                         "install); pybind: a "
+                         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; cmake: its CMakeLists.txt; package: a "
+                         "package importing _C, its library built in place as <package>/_C<EXT_SUFFIX>")  # fmt: skip
+    sp.set_defaults(fn=cmd_build)
+    sp = sub.add_parser("new", help="scaffold an operator package: C++/CUDA kernels, schema, spec, tests, pyproject.toml")
+    sp.add_argument("name", help="the operator's name, also the Python package's (an identifier such as my_op)")
+    sp.add_argument("--dir", type=Path, default=None, help="where to write it (default: ./NAME); must not exist or be empty")
+    sp.add_argument("--namespace", default=None, help="its torch.ops namespace (default: NAME)")
+    sp.add_argument("--no-cuda", action="store_true", help="a CPU kernel only, no CUDA kernel")
+    sp.add_argument("--backward", action="store_true", help="with an autograd formula (backward), checked by gradcheck")
+    sp.add_argument(
+        "--stable-abi", action="store_true", help="C++ on PyTorch's stable ABI: one build loads in every torch from --torch-min on"
+    )
+    sp.add_argument("--torch-min", default=None, metavar="X.Y", help="with --stable-abi: the oldest torch to target (default 2.10)")
+    sp.set_defaults(fn=cmd_new)
+    sp = sub.add_parser("list", help="list the operators and their schemas")
+    sp.set_defaults(fn=cmd_list)
+    sp = sub.add_parser("check", help="verify operators: reference, opcheck, gradcheck, gradgradcheck, torch.compile, bad inputs")
+    common(sp)
+    sp.add_argument(
+        "--checks", default=None, help="comma-separated subset of: reference,opcheck,gradcheck,gradgradcheck,compile,bad inputs"
+    )
+    sp.add_argument("--seeds", type=int, default=1, help="K fresh seeds per sample for the reference check (default 1)")
+    sp.add_argument("--report", action="store_true", help="the worst error per case, not per dtype")
+    sp.add_argument(
+        "--reference-on",
+        choices=("device", "cpu"),
+        default="device",
+        help="where the float64 reference runs (default: the checked device; profile --sanitize uses cpu)",
+    )
+    sp.set_defaults(fn=cmd_check)
+    for name, helptext, fn in [
+        ("bench", "time operators against their PyTorch reference", cmd_bench),
+        ("run", "the main job: build, check every operator, time each in its largest case; one summary table", cmd_run),
+    ]:
+        sp = sub.add_parser(name, help=helptext)
+        common(sp)
+        run = name == "run"
+        if run:
+            sp.add_argument("--full", action="store_true",
+                            help="every case of the sweeps (and their plot, as --sweep), every dtype, the torch.compile "
+                                 "baseline on the CPU too (tens of minutes there)")  # fmt: skip
+            sp.add_argument("--dtype", default=None, type=dtype_list,
+                            help="comma-separated dtypes (default: float32 on the CPU; on a GPU each op's first dtype "
+                                 "and bfloat16)")  # fmt: skip
+        else:
+            sp.add_argument("--dtype", default="float32,float16,bfloat16", type=dtype_list, help="comma-separated dtypes")
+        sp.add_argument("--budget", type=positive_seconds, default=0.3,
+                        help="at most this many seconds of timing per case and side (default 0.3)")  # fmt: skip
+        sp.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph (no launch overhead)")
+        sp.add_argument("--no-compile", action="store_true",
+                        help="skip the torch.compile baseline" + (" (run by default on a GPU only)" if run else ""))  # fmt: skip
+        sp.add_argument("--sweep", action="store_true", help="every size the specs declare for sweeps, and a plot")
+        sp.add_argument("--case", default=None,
+                        help="comma-separated case names to run (e.g. 2^26,2^28 with --sweep); default: "
+                        + ("each op's largest" if run else "all"))  # fmt: skip
+        sp.add_argument("--remeasure", action="store_true", help="measure the machine's ceilings again")
+        sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
+        sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")
+        sp.add_argument(
+            "--plot",
+            type=Path,
+            default=None,
+            help="PNG of bandwidth against size, or TFLOP/s per case for compute-bound ops such as gemm "
+            "(default with --sweep: opforge-bench-<device>.png)",
+        )
+        sp.add_argument("--compare", type=existing_file, default=None,
+                        help="an earlier --json: ratio per case, regressions flagged (exit 1)")  # fmt: skip
+        sp.set_defaults(fn=fn)
+    sp = sub.add_parser("cache", help="list or clean the build cache")
+    cache_sub = sp.add_subparsers(dest="cache_command", required=True)
+    cache_sub.add_parser("list", help="entries, sizes, last use").set_defaults(fn=cmd_cache_list)
+    sp = cache_sub.add_parser("clean", help="remove entries (all, or unused for --older-than days); builds in progress are kept")
+    sp.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only entries not used for this many days")
+    sp.set_defaults(fn=cmd_cache_clean)
+
+    from opforge import abi, doctor, profile
+
+    abi.register_cli(sub)
+    doctor.register_cli(sub)
+    profile.register_cli(sub)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

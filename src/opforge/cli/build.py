@@ -1,0 +1,311 @@
+"""``opforge build``: opforge's own op library, a package of ``opforge new``'s,
+or a user's folder of sources by any route (jit, inline, setuptools, pybind,
+package, setup.py, CMake)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opforge.cli.args import usage_error
+from opforge.cli.render import err, out
+from opforge.cli.targets import library, resolve_targets
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    if args.path is None:
+        return print_library()
+    from opforge.project import ProjectError, find_project
+
+    try:
+        project = find_project(args.path) if args.path.is_dir() else None
+    except ProjectError as exc:
+        raise SystemExit(f"opforge build: {exc}") from None
+    if project is not None:  # a package of opforge new's: its import builds (JIT) and loads it
+        return build_project(args.path) if args.route in ("auto", "jit") else build_folder(project.sources, args.route)
+    return build_folder(args.path, args.route)
+
+
+def build_project(path: Path) -> int:
+    from opforge.project import project_library
+
+    names, _, _ = resolve_targets([str(path)])
+    lib = project_library(path)
+    if lib is not None:
+        how = "prebuilt" if lib.route == "prebuilt" else f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+        out.print(f"{path}: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+    out.print(f"{path}: operators {', '.join(names)} loaded into torch.ops, specs registered")
+    return 0
+
+
+def print_library() -> int:
+    lib = library()
+    how = "named by OPFORGE_LIBRARY" if lib.route == "file" else f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+    out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+    return 0
+
+
+def build_folder(path: Path, route: str = "auto") -> int:
+    """A user's folder of sources, in whatever layout (opforge.build.discover):
+    what was found is printed, then it is built by the route it calls for, or
+    by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
+    files handed to opforge.build.inline as strings), setuptools (build_ext, as
+    pip install would). A package importing _C: package (built in place). A
+    pybind11 module: pybind. Its own CMakeLists.txt: cmake."""
+    import torch
+
+    from opforge import load_library as load_library_file
+    from opforge.build import BuildError, cuda_archs, folder_config, load_library
+    from opforge.build.describe import cuda_unavailable, describe
+    from opforge.build.discover import DiscoveryError, discover
+    from opforge.build.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
+    from opforge.build.registrations import registers_nothing
+    from opforge.build.user_pch import with_torch_pch
+
+    try:
+        layout = discover(path)
+    except DiscoveryError as exc:
+        usage_error(f"opforge build: {exc}")
+    route = layout.route if route == "auto" else route
+    if route == "package" and layout.package is None:
+        usage_error(f"opforge build: {path}: --route package, but no package here imports a compiled _C (`from . import _C`)")
+    setup_py = layout.setup_py or (layout.root / "setup.py" if (layout.root / "setup.py").is_file() else None)
+    if route == "setup.py" and setup_py is None:
+        usage_error(f"opforge build: {path}: --route setup.py, but there is no setup.py in {layout.root}")
+    try:
+        reason = cuda_unavailable() if layout.tree.cuda else None
+        archs = cuda_archs() if layout.tree.cuda and reason is None else ()
+    except BuildError as exc:  # OPFORGE_BUILD_CUDA set to what it cannot do
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
+    for line in describe(layout, route=route, cuda_reason=reason, cuda_archs=archs):
+        out.print(line, highlight=False, markup=False)
+    folder = layout.root
+    if route in ("jit", "inline", "setuptools") and (why := pybind_instead_of_torch_library(folder)):
+        # Refused before compiling: the build would succeed and leave torch.ops without a single operator.
+        err.print(f"opforge build: {folder.name} would register no operator in torch.ops: {why}", highlight=False, markup=False)
+        return 1
+    ops_before = set(torch._C._dispatch_get_all_op_names())
+    try:
+        if route == "jit":
+            lib = load_library(with_torch_pch(folder_config(folder))[0])
+            if registers_nothing(lib.path, ops_before):
+                return _registered_nothing(folder, lib.path)
+            how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+            out.print(f"{folder.name}: {lib.path} ({how}; loaded into torch.ops)")
+            if added := sorted(set(torch._C._dispatch_get_all_op_names()) - ops_before):
+                out.print(f"{folder.name}: operators {', '.join(added)}", highlight=False, markup=False)
+        elif route == "package":
+            return _build_package(layout)
+        elif route == "setup.py":
+            return _build_setup_py(layout, setup_py)
+        elif route == "inline":
+            cfg = folder_config(folder)
+            own = [s for s in cfg.sources if s.is_relative_to(folder)]
+            text = {suffix: "\n".join(s.read_text() for s in own if s.suffix == suffix) for suffix in (".cpp", ".cu")}
+            lib = inline(
+                cfg.name,
+                cpp=text[".cpp"],
+                cuda=text[".cu"],
+                extra_cflags=[f"-I{d}" for d in cfg.include_dirs] + ["-fopenmp"],
+                extra_cuda_cflags=[f"-I{d}" for d in cfg.include_dirs],
+                implicit_headers=False,
+            )
+            if registers_nothing(lib.path, ops_before):
+                return _registered_nothing(folder, lib.path)
+            out.print(f"{folder.name}: {lib.path} (inline; loaded into torch.ops)")
+        elif route == "setuptools":
+            from opforge.build.setuptools_ext import build_folder as build_with_setuptools
+
+            so = build_with_setuptools(folder)
+            load_library_file(so)
+            if registers_nothing(so, ops_before):
+                return _registered_nothing(folder, so)
+            out.print(f"{folder.name}: {so} (setuptools; loaded into torch.ops)")
+        elif route == "pybind":
+            module = build_pybind_folder(folder)
+            names = sorted(n for n in dir(module) if not n.startswith("_"))
+            out.print(f"{folder.name}: module {module.__name__} from {module.__file__}: {', '.join(names)}")
+        else:
+            return _build_cmake(folder)
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
+    return 0
+
+
+def _build_package(layout: Any) -> int:
+    """A package whose __init__ imports _C: its sources built by the JIT engine
+    into the cache, the library copied into the package as _C<EXT_SUFFIX> (as
+    ``build_ext --inplace`` leaves it), then ``import <package>`` tried in a new
+    process, as its user will run it."""
+    from opforge.build import build_library
+    from opforge.build.discover import DiscoveryError
+    from opforge.build.package import package_config, place_in_package
+
+    package = layout.package
+    lib = build_library(package_config(layout))
+    try:
+        target, changed = place_in_package(lib.path, package)
+    except DiscoveryError as exc:
+        err.print(f"opforge build: {exc}", highlight=False, markup=False)
+        return 1
+    how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+    where = target.relative_to(layout.root) if target.is_relative_to(layout.root) else target
+    out.print(f"{package.name}: {where} ({how}{'' if changed else ', already in place'}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+    namespaces = sorted({*layout.binding.namespaces, *layout.binding.impls})
+    return _imports(package.name, f"{package.name}._C", package.directory.parent, target, namespaces)
+
+
+def _imports(name: str, module: str, where: Path, library: Path, namespaces: Sequence[str]) -> int:
+    """``import <module>`` in a new process from ``where``, as its user will: said, with the operators it registered."""
+    from opforge.build.package import try_import
+
+    ok, found = try_import(module, where, library, namespaces)
+    if not ok:
+        err.print(f"opforge build: built {library}, but `import {name}` fails (in {where}):\n{found}", highlight=False, markup=False)
+        return 1
+    what = f"operators {', '.join(found)}" if found else "no operator registered in " + (", ".join(namespaces) or "torch.ops")
+    out.print(f"{name}: `import {name}` works (from {where}, no install step): {what}", highlight=False, markup=False)
+    return 0
+
+
+def _build_setup_py(layout: Any, setup_py: Path) -> int:
+    """The extensions a setup.py declares (opforge.build.setup_py), each built
+    by the JIT engine and copied where ``build_ext --inplace`` puts it; then
+    each imported in a new process, as its user will."""
+    from opforge.build import build_library, want_cuda
+    from opforge.build.describe import cuda_unavailable
+    from opforge.build.discover import DiscoveryError, read_binding
+    from opforge.build.package import place_library
+    from opforge.build.setup_py import extension_config, import_root, inplace_target, read
+    from opforge.build.user_pch import plan
+
+    root = layout.root
+    try:
+        found = read(setup_py)
+    except DiscoveryError as exc:
+        also = f" (or build it another way: {', '.join(layout.other_routes())})" if layout.other_routes() else ""
+        err.print(f"opforge build: {exc}{also}", highlight=False, markup=False)
+        return 1
+    n = len(found.extensions)
+    out.print(f"  setup.py: {n} extension{'s' if n != 1 else ''}, read in {found.seconds:.1f} s (setup() not run):", highlight=False)
+    cuda = want_cuda()
+    for ext in found.extensions:
+        for line in ext.summary(root):
+            out.print(line, highlight=False, markup=False)
+        target = inplace_target(ext, root, found.package_dir)
+        out.print(f"    goes to: {target.relative_to(root) if target.is_relative_to(root) else target}", highlight=False, markup=False)
+        if ext.cuda and not cuda:
+            left = ", ".join(s.relative_to(root).as_posix() if s.is_relative_to(root) else str(s) for s in ext.cuda)
+            out.print(f"    left out: {left} ({cuda_unavailable()})", highlight=False, markup=False)
+        if ext.cpp:
+            pch = plan(ext.cpp, ext.include_dirs)
+            out.print(f"    precompiled header: {pch.summary(root, len(ext.cpp))}", highlight=False, markup=False)
+    status = 0
+    for ext in found.extensions:
+        target = inplace_target(ext, root, found.package_dir)
+        lib = build_library(extension_config(ext, with_cuda=cuda))
+        try:
+            target, changed = place_library(lib.path, target)
+        except DiscoveryError as exc:
+            err.print(f"opforge build: {exc}", highlight=False, markup=False)
+            return 1
+        how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
+        where = target.relative_to(root) if target.is_relative_to(root) else target
+        out.print(f"{ext.name}: {where} ({how}{'' if changed else ', already in place'}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+        binding = read_binding(ext.sources)
+        namespaces = sorted({*binding.namespaces, *binding.impls})
+        status = max(status, _imports(ext.name, ext.name, import_root(ext, root, found.package_dir), target, namespaces))
+    return status
+
+
+def _registered_nothing(folder: Path, so: Path) -> int:
+    err.print(
+        f"opforge build: {folder.name}: built and loaded {so}, but it registers no operator (no TORCH_LIBRARY, "
+        "TORCH_LIBRARY_FRAGMENT or TORCH_LIBRARY_IMPL in its sources ran), so torch.ops has nothing of it. Register the "
+        "operators with TORCH_LIBRARY(<namespace>, m) { m.def(...); } and their kernels with TORCH_LIBRARY_IMPL; a pybind11 "
+        "module, declared as PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), builds with --route pybind",
+        highlight=False,
+        markup=False,
+    )
+    return 1
+
+
+def _build_cmake(folder: Path) -> int:
+    """cmake configure + build of the folder's CMakeLists.txt into the cache,
+    with torch's CMake package found, then every shared library it made loaded."""
+    import hashlib
+    import subprocess
+
+    import torch
+
+    from opforge import load_library
+    from opforge.build import cache_root, toolchain
+
+    if not (folder / "CMakeLists.txt").is_file():
+        usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
+    if shutil.which("cmake") is None:
+        raise SystemExit("opforge build: cmake is not on PATH (apt-get install cmake, or pip install cmake)")
+    build = cache_root() / f"cmake-{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:16]}"
+    # A compiler that links libstdc++ statically is replaced as on the JIT route.
+    # CUDA sources may live outside the folder (add_library over ../csrc): a CUDA torch means nvcc may run.
+    tc = toolchain.resolve(with_cuda=torch.version.cuda is not None)
+    compilers = []
+    # The environment too: CMake's CUDA detection reads CUDAHOSTCXX and adds
+    # that compiler's library folders to every link (a libstdc++.a found there
+    # first is linked in, whatever compiler links).
+    env = dict(os.environ)
+    for note in tc.notes():
+        err.print(note, highlight=False)
+    if tc.cxx.fell_back:
+        compilers.append(f"-DCMAKE_CXX_COMPILER={tc.cxx.use}")
+        env["CXX"] = tc.cxx.use
+        cc = Path(tc.cxx.use).with_name(Path(tc.cxx.use).name.replace("g++", "gcc"))
+        if env.get("CC") and cc.is_file():
+            env["CC"] = str(cc)
+    if tc.cuda_host is not None and tc.cuda_host.fell_back:
+        compilers.append(f"-DCMAKE_CUDA_HOST_COMPILER={tc.cuda_host.use}")
+        env["CUDAHOSTCXX"] = tc.cuda_host.use
+    for cmd in (
+        [
+            "cmake",
+            "-S",
+            str(folder),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            # The interpreter whose torch that is: left to FindPython, an
+            # activated virtualenv or PATH can name another one (seen in CI
+            # run from inside a second venv).
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            *compilers,
+        ],
+        ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
+    ):
+        err.print(f"opforge build: {' '.join(cmd[:2])} ...", highlight=False)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if res.returncode != 0:
+            err.print(res.stdout[-4000:] + res.stderr[-4000:], highlight=False, markup=False)
+            return 1
+    libs = sorted(p for p in build.glob("*.so") if p.is_file())
+    for so in libs:
+        if toolchain.links_libstdcxx_statically(so):
+            # Loading it would abort the process at the first C++ exception.
+            raise SystemExit(
+                f"opforge build: {so.name} carries its own copy of libstdc++ (linked statically): torch's exceptions would "
+                f"abort the process. Its link command is in {build}; look for -static-libstdc++ or a -L folder holding "
+                "only libstdc++.a, and build with a compiler that links libstdc++ dynamically (CXX=g++ CUDAHOSTCXX=g++)"
+            )
+        load_library(so)
+        out.print(f"{folder.name}: {so} (cmake; loaded into torch.ops)")
+    if not libs:
+        raise SystemExit(f"opforge build: cmake built no shared library in {build}")
+    return 0

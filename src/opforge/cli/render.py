@@ -1,0 +1,41 @@
+"""What the ``opforge`` command prints through: one console for results
+(stdout), one for progress and errors (stderr), and the tables both share."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# Tables are wide: when output is piped (CI logs), rich would assume 80 columns.
+_WIDTH = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
+out = Console(width=_WIDTH, soft_wrap=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, soft_wrap=True)
+
+
+def bench_table(report) -> Any:  # noqa: ANN001
+    from opforge.report import bench_table as table
+
+    return table(report)
+
+
+def print_comparison(old, new) -> bool:  # noqa: ANN001
+    """Ratio per case against an earlier run; False if anything regressed beyond the spread."""
+    from opforge.bench import compare
+
+    rows = compare(old, new)
+    table = Table(title=f"against {old.device_name}, {old.date} (commit {(old.git_commit or '?')[:10]})")
+    for col in ("operator", "dtype", "size", "old us", "new us", "new/old", "verdict"):
+        table.add_column(col, justify="left" if col in ("operator", "dtype", "size", "verdict") else "right")
+    colours = {"regression": "bold red", "faster": "green", "same": "dim"}
+    for c in rows:
+        table.add_row(
+            c.op, c.dtype, c.case, f"{c.old_us:,.1f}", f"{c.new_us:,.1f}", f"{c.ratio:.3f}", f"[{colours[c.verdict]}]{c.verdict}[/]"
+        )
+    out.print(table)
+    n_reg = sum(c.verdict == "regression" for c in rows)
+    out.print(f"{len(rows)} compared, {n_reg} regressed, {sum(c.verdict == 'faster' for c in rows)} faster (beyond the measured spread)")
+    return n_reg == 0

@@ -1,0 +1,161 @@
+"""What a command's operands name: operators, package directories of
+``opforge new``'s and spec files, resolved once here for every command, with
+the device they run on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opforge.cli.args import usage_error
+from opforge.cli.render import err, out
+
+if TYPE_CHECKING:
+    import torch
+
+    from opforge.build import Library
+    from opforge.spec import OpSpec
+
+
+def library() -> Library:
+    """The op library, built and loaded; a build failure is a message, not a traceback."""
+    import opforge
+    from opforge.build import BuildError
+
+    try:
+        return opforge.load()
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        raise SystemExit(1) from None
+
+
+def pick_device(name: str, projects_cuda: dict[str, bool] | None = None, *, own_library: bool = True) -> torch.device:
+    """``projects_cuda``: whether each package directory's library has CUDA kernels (auto picks the CPU if one has not);
+    ``own_library``: opforge's op library is in play (not when every operator asked for is a package's)."""
+    import torch
+
+    if own_library:
+        library()
+    without = sorted(d for d, cuda in (projects_cuda or {}).items() if not cuda)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() and not without else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("opforge: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
+        if own_library and not library().with_cuda:
+            raise SystemExit("opforge: --device cuda but the op library was built without CUDA kernels (no nvcc, or OPFORGE_BUILD_CUDA=0)")
+        if without:
+            what = ", ".join(without)
+            raise SystemExit(f"opforge: --device cuda but {what} has no CUDA kernels (--no-cuda, no nvcc, or OPFORGE_BUILD_CUDA=0)")
+    return torch.device(name)
+
+
+def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
+    """``names`` with each package directory (``opforge new``'s, a ``[tool.opforge]``
+    table in its pyproject.toml) and each spec file (``FILE.py``, its ``SPECS``)
+    loaded and replaced by its operators' qualified names; per directory or file,
+    whether its operators have CUDA kernels; and whether opforge's own op library
+    is needed (no names, or a name that is neither)."""
+    from opforge.build import BuildError
+    from opforge.project import ProjectError, find_project, load_project, names_a_path, not_a_project, project_library
+
+    expanded: list[str] = []
+    cuda: dict[str, bool] = {}
+    for n in names:
+        if not names_a_path(n):  # an operator's name, even where a folder of that name is here
+            expanded.append(n)
+            continue
+        path = Path(n)
+        if n.endswith(".py"):
+            expanded += spec_file(n)
+            cuda[n] = spec_file_has_cuda(n)
+            continue
+        if not path.is_dir():
+            usage_error(f"opforge: {n}: {'not a directory' if path.exists() else 'no such directory'}")
+        try:
+            if find_project(path) is None:
+                usage_error(f"opforge: {not_a_project(n)}")
+            expanded += [s.qualname for s in load_project(path)]
+        except ProjectError as exc:
+            raise SystemExit(f"opforge: {exc}") from None
+        except BuildError as exc:
+            err.print(str(exc), highlight=False, markup=False)
+            raise SystemExit(1) from None
+        lib = project_library(path)
+        cuda[n] = bool(lib and lib.with_cuda)
+    return expanded, cuda, not names or len(cuda) < len(names)
+
+
+def spec_file(name: str) -> list[str]:
+    """Loads a spec file and registers its specs (opforge.project.load_spec_file);
+    says, per operator, what was derived from its schema. The qualified names."""
+    from opforge.build import BuildError
+    from opforge.derive import describe
+    from opforge.project import ProjectError, load_spec_file
+
+    path = Path(name)
+    if not path.is_file():
+        usage_error(f"opforge: {name}: {'not a file' if path.exists() else 'no such file'}")
+    try:
+        specs = load_spec_file(path)
+    except ProjectError as exc:
+        raise SystemExit(f"opforge: {exc}") from None
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        raise SystemExit(1) from None
+    for spec in specs:
+        if note := describe(spec):
+            out.print(f"{spec.qualname} ({name}): {note}", highlight=False, markup=False)
+    return [s.qualname for s in specs]
+
+
+def spec_file_has_cuda(name: str) -> bool:
+    """Whether every operator of a loaded spec file has a CUDA kernel (or one for every device)."""
+    from opforge.derive import has_kernel_for
+    from opforge.project import load_spec_file
+
+    return all(has_kernel_for(s.overload, "cuda") for s in load_spec_file(name))
+
+
+def specs_of(names: Sequence[str], *, own_library: bool = True) -> list[OpSpec]:
+    """The specs of ``names`` (all, for none); a name of no operator is a usage error."""
+    from opforge.project import names_a_path
+    from opforge.spec import get_specs
+
+    if own_library:
+        library()
+    try:
+        return get_specs(names)
+    except KeyError as exc:
+        message = exc.args[0]
+        # `opforge check my_op` beside a folder my_op/ means the operator; say how to name the folder.
+        folders = [n for n in names if not names_a_path(n) and f"{n!r}" in message and Path(n).is_dir()]
+        usage_error(f"opforge: {message}" + "".join(f" ({n}/ is a folder here: write ./{n} for the package in it)" for n in folders))
+
+
+def fast_path_for_packages() -> None:
+    """A package's public functions take the eager fast path, as they do in a
+    user's process (where importing the package imports opforge, which loads its
+    library): the fast path's module lives in opforge's op library, so it is
+    loaded before the packages are. Without it they are timed through torch.ops."""
+    import opforge
+    from opforge.build import BuildError
+
+    try:
+        opforge.load()
+    except BuildError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        err.print(f"opforge bench: opforge's op library did not build ({first}); package operators are timed without the eager fast path",
+                  highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+
+
+def device_and_specs(names: Sequence[str], device_name: str) -> tuple[Any, list[Any]]:
+    """The device and the specs of ``names`` (package directories loaded)."""
+    from opforge.project import names_a_path
+
+    if any(names_a_path(n) and Path(n).is_dir() for n in names):
+        fast_path_for_packages()
+    names, projects_cuda, own_library = resolve_targets(names)
+    device = pick_device(device_name, projects_cuda, own_library=own_library)
+    return device, specs_of(names, own_library=own_library)

@@ -1,0 +1,299 @@
+"""The package's shape: modules that import alone, layers without cycles, no
+reaching into another module's private helpers, no module past 500 lines.
+
+Each test lists every violation it finds, not only the first, so that one run
+says everything there is to fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "opforge"
+MAX_LINES = 500
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+# `python -m opforge` runs the command on import.
+MODULES: dict[str, Path] = {
+    _module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if p.name != "__main__.py" and "templates" not in p.parts
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _package_of(module: str) -> str:
+    """The package a module belongs to (a package belongs to itself)."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+@dataclass
+class Import:
+    target: str  # a module of MODULES
+    line: int
+    local: bool  # inside a function: run on call, not on import
+    names: list[str] = field(default_factory=list)  # `from target import ...` names that are not modules
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = _package_of(module).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _walk_imports(module: str, tree: ast.AST) -> list[Import]:
+    """Every import of an opforge module, at module level or in a function
+    (``if TYPE_CHECKING:`` blocks left out: they never run)."""
+    found: list[Import] = []
+
+    def visit(node: ast.AST, local: bool) -> None:
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            for child in node.orelse:
+                visit(child, local)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(Import(a.name, node.lineno, local) for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            names = []
+            for a in node.names:
+                if f"{base}.{a.name}" in MODULES:
+                    found.append(Import(f"{base}.{a.name}", node.lineno, local))
+                else:
+                    names.append(a.name)
+            if names and base in MODULES:
+                found.append(Import(base, node.lineno, local, names))
+        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+TREES: dict[str, ast.Module] = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+IMPORTS: dict[str, list[Import]] = {name: _walk_imports(name, tree) for name, tree in TREES.items()}
+
+
+def _where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT)}:{line}"
+
+
+# ------------------------------------------------------------- (a) imports
+
+
+# Every opforge module dropped from sys.modules before the next is imported:
+# each then imports as in a fresh interpreter (torch, already loaded, is not
+# ours and changes nothing), without paying torch's import once per module.
+_IMPORT_EACH = """
+import importlib, json, sys, traceback
+failures = {}
+for name in json.loads(sys.argv[1]):
+    for loaded in [m for m in sys.modules if m == "opforge" or m.startswith("opforge.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        failures[name] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+print(json.dumps(failures))
+"""
+
+
+def test_every_module_imports_alone():
+    env = {**os.environ, "OPFORGE_NO_AUTOLOAD": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, json.dumps(sorted(MODULES))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    failures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not failures, "modules that fail to import alone:\n" + "\n".join(f"  {m}: {e}" for m, e in sorted(failures.items()))
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (or a module importing itself), by Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges.get(v, ()):
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def test_no_import_cycles():
+    """No cycle among the modules' imports, counting those inside functions:
+    an import moved into a function to dodge a cycle leaves the layers tangled."""
+    edges = {m: {i.target for i in imports if i.target != m} for m, imports in IMPORTS.items()}
+    report = []
+    for component in _cycles(edges):
+        members = set(component)
+        report.append("cycle: " + ", ".join(component))
+        for m in component:
+            for i in IMPORTS[m]:
+                if i.target in members and i.target != m:
+                    report.append(f"  {_where(m, i.line)} imports {i.target}" + (" (inside a function)" if i.local else ""))
+    assert not report, "\n".join(report)
+
+
+def test_cycle_finder_finds_cycles():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _cycles(edges) == [["a", "b", "c"], ["e"]]
+
+
+# ------------------------------------------------------ (b) private names
+
+
+def _bindings(module: str, tree: ast.Module) -> dict[str, str]:
+    """Names bound to opforge modules anywhere in ``module`` (``import opforge.x as y``, ``from opforge import x``)."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "opforge" or a.name.startswith("opforge."):
+                    if a.asname:
+                        bound[a.asname] = a.name
+                    else:
+                        bound[a.name.partition(".")[0]] = "opforge"
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            for a in node.names:
+                if f"{base}.{a.name}" in MODULES:
+                    bound[a.asname or a.name] = f"{base}.{a.name}"
+    return bound
+
+
+def _dotted(node: ast.Attribute) -> tuple[str, list[str]] | None:
+    parts = []
+    cur: ast.expr = node
+    while isinstance(cur, ast.Attribute):
+        parts.append(cur.attr)
+        cur = cur.value
+    return (cur.id, parts[::-1]) if isinstance(cur, ast.Name) else None
+
+
+def private_uses(module: str, tree: ast.Module) -> list[str]:
+    """Where ``module`` imports or reads another opforge module's private
+    name, or a private module of a package it is not in."""
+    found: list[tuple[int, str]] = []
+    package = _package_of(module)
+
+    def module_path_ok(target: str, line: int) -> None:
+        parts = target.split(".")
+        for k, part in enumerate(parts):
+            owner = ".".join(parts[:k])
+            if _private(part) and not (package == owner or package.startswith(owner + ".")):
+                found.append((line, f"imports {target}, a private module of {owner}"))
+                return
+
+    for imp in IMPORTS[module]:
+        module_path_ok(imp.target, imp.line)
+        if imp.target != module:
+            found += [(imp.line, f"imports {imp.target}.{n}") for n in imp.names if _private(n)]
+
+    bound = _bindings(module, tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        chain = _dotted(node)
+        if chain is None or chain[0] not in bound:
+            continue
+        target, attrs = bound[chain[0]], chain[1]
+        # Walk down through submodules (opforge.build.jit) to the first attribute that is not one.
+        while len(attrs) > 1 and f"{target}.{attrs[0]}" in MODULES:
+            target, attrs = f"{target}.{attrs[0]}", attrs[1:]
+        if len(attrs) == 1 and target != module:
+            found.append((node.lineno, f"uses {target}.{attrs[0]}"))
+    return [f"{_where(module, line)} {text}" for line, text in sorted(found)]
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = [use for module, tree in TREES.items() for use in private_uses(module, tree)]
+    assert not found, "private names used outside their module:\n" + "\n".join(f"  {f}" for f in sorted(set(found)))
+
+
+def test_private_use_scan_finds_each_form(tmp_path, monkeypatch):
+    source = (
+        "from opforge.build.jit import _is_complete, module_name\n"
+        "from opforge.build import toolchain\n"
+        "import opforge.build.store as store\n"
+        "import opforge\n"
+        "from opforge.ops._elementwise import randn\n"
+        "def f():\n"
+        "    toolchain._version_tuple('1.2')\n"
+        "    opforge.build.jit._sha256(None)\n"
+        "    store.__name__, toolchain.run, module_name\n"
+        "    return store._CACHE\n"
+    )
+    path = PACKAGE / "probe_for_test.py"
+    monkeypatch.setitem(MODULES, "opforge.probe_for_test", path)
+    tree = ast.parse(source)
+    monkeypatch.setitem(IMPORTS, "opforge.probe_for_test", _walk_imports("opforge.probe_for_test", tree))
+    found = [f.split(" ", 1)[1] for f in private_uses("opforge.probe_for_test", tree)]
+    assert found == [
+        "imports opforge.build.jit._is_complete",
+        "imports opforge.ops._elementwise, a private module of opforge.ops",
+        "uses opforge.build.toolchain._version_tuple",
+        "uses opforge.build.jit._sha256",
+        "uses opforge.build.store._CACHE",
+    ]
+
+
+# ----------------------------------------------------------- (c) line counts
+
+
+def test_no_module_is_over_500_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(
+        f"  {MODULES[m].relative_to(ROOT)}: {n}" for m, n in sorted(long.items(), key=lambda kv: -kv[1])
+    )
