@@ -556,7 +556,10 @@ def test_a_package_importing_C_with_a_setup_py_is_built_in_place_and_its_own_tes
     target = project / "muladd_pkg" / f"_C{extension_suffix()}"
     assert target.is_file()
     # Its setup.py says how: read, not run, and what it declares built by opforge's engine.
-    assert "  setup.py: 1 extension, read in " in res.stdout and "  muladd_pkg._C (CppExtension" in res.stdout
+    assert (
+        "  setup.py: 1 extension, read in " in res.stdout
+        and f"  muladd_pkg._C ({'CUDAExtension' if cuda else 'CppExtension'}" in res.stdout
+    )
     assert f"muladd_pkg._C: muladd_pkg/_C{extension_suffix()} (built in " in res.stdout
     assert f"CUDA kernels: {'yes' if cuda else 'no'})" in res.stdout
     assert "`import muladd_pkg._C` works (from " in res.stdout and "no install step): operators muladd_pkg::muladd" in res.stdout

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -483,3 +485,15 @@ def test_sanitize_add_end_to_end(capsys):
         assert tool in text
     assert status == 0, text
     assert "all passed" in text
+
+
+def test_a_library_operator_is_found_by_name_by_the_command():
+    """`opforge profile square` loads opforge's library before resolving the name
+    (the command itself starts without it): a wrong dtype is then what it reports."""
+    env = {**os.environ, "OPFORGE_NO_AUTOLOAD": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "opforge", "profile", "square", "--dtype", "int7"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "no operator named" not in res.stderr, res.stderr
+    assert "opforge profile: square: " in res.stderr and "int7" in res.stderr, res.stderr

@@ -218,9 +218,15 @@ def _report_path(op: str, case: str, dtype: str) -> Path:
     return Path.cwd() / f"opforge-profile-{slug}.ncu-rep"
 
 
-def _resolve(spec_name: str) -> OpSpec:
+def _resolve(spec_name: str, project: Path | None = None) -> OpSpec:
+    """The spec of ``spec_name``: a package's or spec file's (``project``, loaded
+    by the caller), else one of opforge's library, which this loads first."""
     from opforge.spec import get_specs
 
+    if project is None:
+        import opforge
+
+        opforge.load()
     try:
         return get_specs([spec_name])[0]
     except KeyError as exc:
@@ -238,7 +244,7 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, proj
 
     ncu, missing = _missing("ncu")
     try:
-        spec = _resolve(spec_name)
+        spec = _resolve(spec_name, project)
         torch_dtype = parse_dtype(dtype)
         if torch_dtype not in spec.dtypes:
             raise ValueError(f"{spec.name} does not take {dtype}; it takes {', '.join(_dtype_name(d) for d in spec.dtypes)}")

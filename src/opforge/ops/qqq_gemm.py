@@ -321,7 +321,13 @@ def _bad(device: torch.device) -> list[BadInput]:
             rules.SAME_DEVICE.bad(
                 "w_packed on the CPU", (a, w.to(cpu), st, sc, sg, gs), q, a="a", b="w_packed", got_a=rules.ANY_CUDA, got_b="cpu"
             ),
-            bad("w_packed not 16-byte aligned", (a, misaligned, st, sc, sg, gs), r"w_packed must be 16-byte aligned on the GPU, got"),
+            # An address, which a fake tensor does not have: the kernel alone refuses it.
+            BadInput(
+                "w_packed not 16-byte aligned",
+                (a, misaligned, st, sc, sg, gs),
+                match=rf"^{q}: w_packed must be 16-byte aligned on the GPU, got",
+                traced=False,
+            ),
         ]
     else:
         # No second device on a CPU-only machine: a meta tensor stands in for one.
