@@ -50,8 +50,8 @@ FAMILIES: dict[str, tuple[Source, ...]] = {
     "gpu-elementwise": (Source("nvidia-h200_*_elementwise.json"), Source("nvidia-h200_*_fused.json")),
     "gpu-layouts": (Source("nvidia-h200_*_layouts.json"),),
     "cpu-elementwise": (
-        Source("cpu-amd-epyc-2threads_*_elementwise-interleaved.json"),
-        Source("cpu-amd-epyc-1thread_*_elementwise*.json", required=False),
+        Source("cpu-amd-epyc-2threads_*_elementwise.json"),
+        Source("cpu-amd-epyc-1thread_*_elementwise.json", required=False),
     ),
     "host-overhead": (Source("host-overhead_nvidia-h200_*.json"),),
     "lltm": (Source("lltm_nvidia-h200_*.json"), Source("lltm-graph_nvidia-h200_*.json", required=False)),
