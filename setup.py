@@ -3,7 +3,7 @@
     pip install --no-build-isolation .        # prebuilt library, against the installed torch
 
 Everything about the library (sources, flags, CUDA archs) comes from
-``opforge.build.library_config``, the JIT route's own definition; this file
+``opforge.builder.library_config``, the JIT route's own definition; this file
 only hands it to setuptools. ``OPFORGE_BUILD_CUDA=0|1``, ``TORCH_CUDA_ARCH_LIST``
 and ``MAX_JOBS`` are honoured.
 
@@ -44,6 +44,6 @@ elif torch is None:
     print(message, file=sys.stderr)
     setup()
 else:
-    from opforge.build.setuptools_ext import BuildExtension, library_extension
+    from opforge.builder.setuptools_ext import BuildExtension, library_extension
 
     setup(ext_modules=[library_extension(HERE)], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})

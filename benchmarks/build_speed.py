@@ -93,7 +93,7 @@ def _cuda_build() -> tuple[bool, list[str]]:
     """Whether this machine's build has CUDA kernels, and for which archs
     (asked in a subprocess: importing opforge here would build the library)."""
     res = subprocess.run(
-        [sys.executable, "-c", "from opforge.build import want_cuda, cuda_archs; w = want_cuda(); print(w, *(cuda_archs() if w else ()))"],
+        [sys.executable, "-c", "from opforge.builder import want_cuda, cuda_archs; w = want_cuda(); print(w, *(cuda_archs() if w else ()))"],
         env={**os.environ, "PYTHONPATH": str(SRC), "OPFORGE_NO_AUTOLOAD": "1"},
         capture_output=True,
         text=True,
@@ -236,7 +236,7 @@ def cases(base: dict[str, str], tmp: Path, which: list[str], repeat: int) -> tup
 
     if "one" in which:
         one = (
-            "import time, torch\nfrom pathlib import Path\nfrom opforge.build import BuildConfig, csrc_dir, build_library\n"
+            "import time, torch\nfrom pathlib import Path\nfrom opforge.builder import BuildConfig, csrc_dir, build_library\n"
             "t = time.perf_counter()\n"
             "src = (csrc_dir() / 'ops' / 'square' / 'square.cpp',)\n"
             "build_library(BuildConfig('speed_square', src, (csrc_dir(),), ('-O3', '-fopenmp')), quiet=True)\n"
@@ -245,8 +245,8 @@ def cases(base: dict[str, str], tmp: Path, which: list[str], repeat: int) -> tup
         rows.append(("cold build, one small op (square), minimal headers", _py(one, {**base, "OPFORGE_NO_AUTOLOAD": "1"}), "opforge JIT"))
         if _cuda_build()[0]:
             one_cuda = (
-                "import time, torch\nfrom opforge.build import BuildConfig, csrc_dir, build_library, cuda_archs\n"
-                "from opforge.build import gencode_flags\n"
+                "import time, torch\nfrom opforge.builder import BuildConfig, csrc_dir, build_library, cuda_archs\n"
+                "from opforge.builder import gencode_flags\n"
                 "t = time.perf_counter()\nd = csrc_dir()\n"
                 "sq = d / 'ops' / 'square'\n"
                 "src = (sq / 'square.cpp', sq / 'square_kernel.cu', d / 'opforge' / 'cuda_stream.cpp')\n"
@@ -278,7 +278,7 @@ def cases(base: dict[str, str], tmp: Path, which: list[str], repeat: int) -> tup
         shutil.copytree(REPO / "csrc", csrc)
         env_copy = {**base, "OPFORGE_CSRC": str(csrc)}
         rebuild = (
-            "import time, torch\nfrom pathlib import Path\nfrom opforge.build import csrc_dir, library_config, build_library\n"
+            "import time, torch\nfrom pathlib import Path\nfrom opforge.builder import csrc_dir, library_config, build_library\n"
             "import dataclasses, os\n"
             "cfg = library_config()\n"
             "src = Path(os.environ['OPFORGE_CSRC'])\n"

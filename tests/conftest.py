@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.build import cache_root
+from opforge.builder import cache_root
 
 LIBRARY = opforge.load()
 os.environ["OPFORGE_CACHE_DIR"] = str(cache_root())

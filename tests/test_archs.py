@@ -1,4 +1,4 @@
-"""The CUDA arch policy (opforge.build.archs): one copy, read by the JIT
+"""The CUDA arch policy (opforge.builder.archs): one copy, read by the JIT
 build, the prebuilt-library check and CMakeLists.txt alike."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import opforge.build as ob
-from opforge.build import archs
-from opforge.build import prebuilt as pb
+import opforge.builder as ob
+from opforge.builder import archs
+from opforge.builder import prebuilt as pb
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "src" / "opforge" / "build" / "archs.py"
+SCRIPT = REPO / "src" / "opforge" / "builder" / "archs.py"
 LISTS = ["", "9.0", "8.0;9.0+PTX", "9.0a 8.6", "9.0;9.0a", "10.0;8.0;9.0", "8.6+PTX"]
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.build import BuildConfig, BuildError, build_library, cache_root, csrc_dir, library_config, load_library, parse_diagnostics
+from opforge.builder import BuildConfig, BuildError, build_library, cache_root, csrc_dir, library_config, load_library, parse_diagnostics
 
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
 # A library with one tiny operator, quick to build (no ATen headers beyond the registration).
@@ -200,10 +200,10 @@ def test_killed_build_then_torchrun_ranks_build_once(tmp_path, cache):
     load = (
         "import sys, torch\n"
         "from pathlib import Path\n"
-        "from opforge.build import BuildConfig, load_library\n"
+        "from opforge.builder import BuildConfig, load_library\n"
         f"lib = load_library(BuildConfig({cfg.name!r}, (Path({str(cfg.sources[0])!r}),), (Path({str(tmp_path)!r}),), {cfg.cflags!r}))\n"
     )
-    # OPFORGE_NO_AUTOLOAD: opforge.build without opforge's own library, which this cache has not.
+    # OPFORGE_NO_AUTOLOAD: opforge.builder without opforge's own library, which this cache has not.
     env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", load],
@@ -281,7 +281,7 @@ def test_changing_one_source_recompiles_only_it(tmp_path, cache):
 def test_nvcc_of_another_cuda_than_torch_is_explained_before_compiling(tmp_path, monkeypatch, capsys, release, fails):
     from torch.utils import cpp_extension
 
-    from opforge.build import jit
+    from opforge.builder import jit
 
     home = tmp_path / "cuda"
     (home / "bin").mkdir(parents=True)
@@ -310,7 +310,7 @@ def test_nvcc_of_another_cuda_than_torch_is_explained_before_compiling(tmp_path,
     ],
 )
 def test_cuda_archs_from_the_env(monkeypatch, env, archs):
-    import opforge.build as ob
+    import opforge.builder as ob
 
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", env)
     assert ob.cuda_archs() == archs
@@ -321,7 +321,7 @@ def test_cuda_archs_from_the_env(monkeypatch, env, archs):
     [("1", True), ("yes", True), ("TRUE", True), (" On ", True), ("0", False), ("no", False), ("False", False), ("OFF", False), ("", None)],
 )
 def test_build_cuda_flag_words(monkeypatch, value, flag):
-    import opforge.build as ob
+    import opforge.builder as ob
 
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", value)
     assert ob.build_cuda_flag() is flag
@@ -329,7 +329,7 @@ def test_build_cuda_flag_words(monkeypatch, value, flag):
 
 @pytest.mark.parametrize("value", ["2", "maybe", "gpu"])
 def test_build_cuda_flag_other_values_are_errors(monkeypatch, value):
-    import opforge.build as ob
+    import opforge.builder as ob
 
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", value)
     for read in (ob.build_cuda_flag, ob.want_cuda, lambda: ob.folder_config(csrc_dir() / "ops" / "add")):
@@ -339,7 +339,7 @@ def test_build_cuda_flag_other_values_are_errors(monkeypatch, value):
 
 def test_build_cuda_yes_on_a_cpu_torch_is_refused(monkeypatch):
     # "yes" means on: with a CPU torch that is an error, never a quiet CPU-only build.
-    import opforge.build as ob
+    import opforge.builder as ob
 
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", "yes")
@@ -348,8 +348,8 @@ def test_build_cuda_yes_on_a_cpu_torch_is_refused(monkeypatch):
 
 
 def test_cuda_archs_from_the_gpus_and_default(monkeypatch):
-    import opforge.build as ob
-    from opforge.build import archs
+    import opforge.builder as ob
+    from opforge.builder import archs
 
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     monkeypatch.setattr(archs, "_nvml_capabilities", lambda: {(9, 0), (8, 0)})
@@ -383,7 +383,7 @@ def test_cuda_archs_from_the_gpus_and_default(monkeypatch):
     ],
 )
 def test_gencode_flags(archs, flags):
-    from opforge.build import _gencode_flags
+    from opforge.builder import _gencode_flags
 
     assert _gencode_flags(archs) == flags
 

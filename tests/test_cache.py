@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from opforge.build import BuildError, cache, check_safe_to_load
-from opforge.build.prebuilt import explain_load_error, load_library_file
+from opforge.builder import BuildError, cache, check_safe_to_load
+from opforge.builder.prebuilt import explain_load_error, load_library_file
 
 
 def _entry(root: Path, name: str, complete: bool, age_days: float = 0.0) -> Path:
@@ -60,7 +60,7 @@ def test_clean_older_than_keeps_recent_and_busy(root):
 
 
 def test_inline_sources_and_other_routes_are_listed_and_cleaned(root):
-    from opforge.build.inline import _write_sources
+    from opforge.builder.inline import _write_sources
 
     src = _write_sources("strings_op", {"strings_op.cpp": "int x;\n"})
     t = time.time() - 30 * 86400
@@ -125,7 +125,7 @@ def test_loader_messages_are_explained():
 
 def test_cache_dir_that_is_a_file_is_named_with_the_fix(tmp_path, monkeypatch):
     from opforge import cli
-    from opforge.build.store import CacheDirError, cache_root
+    from opforge.builder.store import CacheDirError, cache_root
 
     afile = tmp_path / "not-a-dir"
     afile.write_text("")
@@ -148,8 +148,8 @@ def test_cache_dir_that_is_a_file_is_named_with_the_fix(tmp_path, monkeypatch):
 
 def test_read_only_cache_dir_is_named_with_the_fix(root, monkeypatch):
     from opforge import cli
-    from opforge.build import store
-    from opforge.build.prebuilt import load_op_library
+    from opforge.builder import store
+    from opforge.builder.prebuilt import load_op_library
 
     _entry(root, "lib_a", complete=True)
     # Stands in for a directory mode 0500 even when the tests run as root, who may write anywhere.
@@ -169,7 +169,7 @@ def test_read_only_cache_dir_is_named_with_the_fix(root, monkeypatch):
 
 @pytest.mark.skipif(os.getuid() == 0, reason="root may write into a read-only directory")
 def test_really_read_only_cache_dir(root):
-    from opforge.build.store import CacheDirError, cache_root
+    from opforge.builder.store import CacheDirError, cache_root
 
     root.chmod(0o500)
     try:

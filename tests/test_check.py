@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from opforge.bench import bench_op
-from opforge.build import BuildConfig, csrc_dir, load_library
+from opforge.builder import BuildConfig, csrc_dir, load_library
 from opforge.check import (
     CHECKS,
     check_bad_inputs,

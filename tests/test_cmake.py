@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.build.prebuilt import explain_load_error
+from opforge.builder.prebuilt import explain_load_error
 
 # One CMake build for the module: slow, and in one worker under pytest-xdist.
 pytestmark = [

@@ -18,8 +18,8 @@ from rich.console import Console
 
 import opforge
 from opforge import doctor, doctor_probes
-from opforge.build import library_config, want_cuda
-from opforge.build.jit import module_name
+from opforge.builder import library_config, want_cuda
+from opforge.builder.jit import module_name
 from opforge.doctor import (
     SECTIONS,
     DoctorReport,
@@ -271,7 +271,7 @@ def test_gpus_with_a_cpu_torch_are_a_warning(monkeypatch):
 
 @pytest.mark.parametrize(("arch_list", "capability", "warned"), [("9.0", "9.0", False), ("8.0;9.0", "8.6", True)])
 def test_gpu_arch_against_the_targets(monkeypatch, arch_list, capability, warned):
-    # A 9.0 target is built as 9.0a (opforge.build.cuda_archs), whose SASS runs on a 9.0 GPU.
+    # A 9.0 target is built as 9.0a (opforge.builder.cuda_archs), whose SASS runs on a 9.0 GPU.
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(doctor_probes, "want_cuda", lambda: True)
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)

@@ -1,4 +1,4 @@
-"""opforge.build.inline: ops as strings (the load_inline tutorial's load_inline) and a folder of
+"""opforge.builder.inline: ops as strings (the load_inline tutorial's load_inline) and a folder of
 tutorial-style pybind11 code (the add2 tutorial's add2), both through the one JIT engine.
 
 Each C++ build costs 5-20 s on two cores, so every test builds at most once and
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.build import BuildError, Library
-from opforge.build.inline import build_pybind_folder, inline, inline_config, pybind_folder_config
+from opforge.builder import BuildError, Library
+from opforge.builder.inline import build_pybind_folder, inline, inline_config, pybind_folder_config
 
 # The load_inline tutorial, as written for torch's load_inline.
 HELLO_CPP = textwrap.dedent(

@@ -8,7 +8,7 @@ import pkgutil
 import torch
 
 import opforge.ops
-from opforge.build import csrc_dir
+from opforge.builder import csrc_dir
 from opforge.spec import all_specs
 
 

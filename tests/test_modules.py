@@ -249,7 +249,7 @@ def private_uses(module: str, tree: ast.Module) -> list[str]:
         if chain is None or chain[0] not in bound:
             continue
         target, attrs = bound[chain[0]], chain[1]
-        # Walk down through submodules (opforge.build.jit) to the first attribute that is not one.
+        # Walk down through submodules (opforge.builder.jit) to the first attribute that is not one.
         while len(attrs) > 1 and f"{target}.{attrs[0]}" in MODULES:
             target, attrs = f"{target}.{attrs[0]}", attrs[1:]
         if len(attrs) == 1 and target != module:
@@ -264,14 +264,14 @@ def test_no_module_uses_another_modules_private_names():
 
 def test_private_use_scan_finds_each_form(tmp_path, monkeypatch):
     source = (
-        "from opforge.build.jit import _is_complete, module_name\n"
-        "from opforge.build import toolchain\n"
-        "import opforge.build.store as store\n"
+        "from opforge.builder.jit import _is_complete, module_name\n"
+        "from opforge.builder import toolchain\n"
+        "import opforge.builder.store as store\n"
         "import opforge\n"
         "from opforge.ops._elementwise import randn\n"
         "def f():\n"
         "    toolchain._version_tuple('1.2')\n"
-        "    opforge.build.jit._sha256(None)\n"
+        "    opforge.builder.jit._sha256(None)\n"
         "    store.__name__, toolchain.run, module_name\n"
         "    return store._CACHE\n"
     )
@@ -281,11 +281,11 @@ def test_private_use_scan_finds_each_form(tmp_path, monkeypatch):
     monkeypatch.setitem(IMPORTS, "opforge.probe_for_test", _walk_imports("opforge.probe_for_test", tree))
     found = [f.split(" ", 1)[1] for f in private_uses("opforge.probe_for_test", tree)]
     assert found == [
-        "imports opforge.build.jit._is_complete",
+        "imports opforge.builder.jit._is_complete",
         "imports opforge.ops._elementwise, a private module of opforge.ops",
-        "uses opforge.build.toolchain._version_tuple",
-        "uses opforge.build.jit._sha256",
-        "uses opforge.build.store._CACHE",
+        "uses opforge.builder.toolchain._version_tuple",
+        "uses opforge.builder.jit._sha256",
+        "uses opforge.builder.store._CACHE",
     ]
 
 
@@ -297,3 +297,20 @@ def test_no_module_is_over_500_lines():
     assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(
         f"  {MODULES[m].relative_to(ROOT)}: {n}" for m, n in sorted(long.items(), key=lambda kv: -kv[1])
     )
+
+
+def test_the_engines_old_name_still_imports_and_warns():
+    code = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import opforge.build.jit as old\n"
+        "import opforge.builder.jit as new\n"
+        "from opforge.build import BuildConfig, load_library\n"
+        "assert old is new and BuildConfig is new.BuildConfig\n"
+        "assert any(issubclass(x.category, DeprecationWarning) and 'opforge.builder' in str(x.message) for x in w), w\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "OPFORGE_NO_AUTOLOAD": "1"}, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr

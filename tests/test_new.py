@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import opforge
-from opforge.build import csrc_dir
+from opforge.builder import csrc_dir
 from opforge.project import ProjectError, find_project, scaffold
 
 from .conftest import cache_with_library

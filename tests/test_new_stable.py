@@ -17,7 +17,7 @@ import pytest
 
 import opforge
 from opforge.abi import torch_include
-from opforge.build import csrc_dir
+from opforge.builder import csrc_dir
 from opforge.elf_symbols import read_dynamic_symbols
 from opforge.project import ProjectError, scaffold
 

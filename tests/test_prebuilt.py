@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.build import BuildError, library_config
-from opforge.build import prebuilt as pb
-from opforge.build.setuptools_ext import build_record
+from opforge.builder import BuildError, library_config
+from opforge.builder import prebuilt as pb
+from opforge.builder.setuptools_ext import build_record
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def test_prebuilt_without_the_gpus_arch_is_not_loaded(fake_prebuilt, monkeypatch
     record = build_record(library_config(with_cuda=False))
     record.update(with_cuda=True, cuda_archs=["8.0", "9.0a"])
     monkeypatch.setattr(pb, "_gpu_capabilities", lambda: {"7.5"})
-    import opforge.build as ob
+    import opforge.builder as ob
 
     # The CUDA sources need not exist for this: the record says CPU sources.
     monkeypatch.setattr(ob, "library_config", lambda with_cuda=None: library_config(with_cuda=False))
@@ -129,7 +129,7 @@ def test_doctor_names_the_route(fake_prebuilt):
 
 
 def test_setup_extension_comes_from_the_library_config():
-    from opforge.build.setuptools_ext import library_extension
+    from opforge.builder.setuptools_ext import library_extension
 
     ext = library_extension(REPO)
     cfg = library_config()
@@ -250,7 +250,7 @@ def _copy_of_the_op_library(tmp_path: Path) -> Path:
 
 
 def test_op_library_registrations_are_read_from_its_symbols():
-    from opforge.build.registrations import torch_library_registrations
+    from opforge.builder.registrations import torch_library_registrations
 
     from .conftest import LIBRARY
 
@@ -320,7 +320,7 @@ def test_opforge_library_env_naming_no_file_is_an_error(tmp_path, monkeypatch):
 
 def test_second_torch_library_of_a_namespace_is_refused_not_aborted(tmp_path, monkeypatch):
     """Two copies of one tiny TORCH_LIBRARY: the second defines the namespace again."""
-    from opforge.build import BuildConfig, build_library
+    from opforge.builder import BuildConfig, build_library
 
     shared_cache = os.environ["OPFORGE_CACHE_DIR"]  # the op library's, for the subprocess
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))

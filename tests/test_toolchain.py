@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import opforge
-from opforge.build import BuildConfig, BuildError, load_library, pch, toolchain
-from opforge.build.torch_flags import torch_cxx_flags
+from opforge.builder import BuildConfig, BuildError, load_library, pch, toolchain
+from opforge.builder.torch_flags import torch_cxx_flags
 
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
 GXX = shutil.which("g++")

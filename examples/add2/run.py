@@ -25,7 +25,7 @@ os.environ.setdefault("OPFORGE_NO_AUTOLOAD", "1")
 import torch
 
 from opforge.bench import Timer, Timing, repeat_until_stable
-from opforge.build.inline import build_pybind_folder
+from opforge.builder.inline import build_pybind_folder
 
 HERE = Path(__file__).resolve().parent
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = device.type == "cuda"
     # with_cuda: add2.cu is compiled (and OPFORGE_WITH_CUDA defined) only for a GPU run.
     add2 = build_pybind_folder(HERE / "csrc", name="add2", with_cuda=on_gpu)
-    print(f"built {HERE / 'csrc'} through opforge.build.inline.build_pybind_folder: module {add2.__name__}")
+    print(f"built {HERE / 'csrc'} through opforge.builder.inline.build_pybind_folder: module {add2.__name__}")
     print(f"device: {device} ({torch.cuda.get_device_name(device) if on_gpu else 'CPU'}), torch {torch.__version__}")
 
     failures = []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 os.environ.setdefault("OPFORGE_NO_AUTOLOAD", "1")
 
-from opforge.build import BuildConfig, csrc_dir, folder_config
+from opforge.builder import BuildConfig, csrc_dir, folder_config
 
 HERE = Path(__file__).resolve().parent
 BINDING = HERE / "gemm_pybind.cpp"

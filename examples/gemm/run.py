@@ -37,14 +37,14 @@ sys.path.insert(0, str(HERE))
 from gemm_build import gemm_config, setup_dir  # noqa: E402
 
 from opforge.bench import Timer, repeat_until_stable  # noqa: E402
-from opforge.build import cache_root, load_module  # noqa: E402
+from opforge.builder import cache_root, load_module  # noqa: E402
 from opforge.check import measure_error  # noqa: E402
 from opforge.ops.gemm import make_operands, tolerance  # noqa: E402
 
 ROUTES = ("jit", "setuptools", "cmake")
 HOW = {
-    "jit": "opforge.build.load_module: torch's cpp_extension + ninja, opforge's content-hash cache (seed: torch.utils.cpp_extension.load)",
-    "setuptools": "setup.py build_ext with opforge.build.setuptools_ext.extension + BuildExtension (seed: CUDAExtension)",
+    "jit": "opforge.builder.load_module: torch's cpp_extension + ninja, opforge's content-hash cache (seed: torch.utils.cpp_extension.load)",
+    "setuptools": "setup.py build_ext with opforge.builder.setuptools_ext.extension + BuildExtension (seed: CUDAExtension)",
     "cmake": "opforge build examples/gemm --route cmake: CMakeLists.txt, find_package(Torch), Python_add_library (seed: CMake + pybind11)",
 }
 SKIPPED = 3  # a child's exit status: the route cannot run here (no cmake)

@@ -1,6 +1,6 @@
 """The setuptools route (the GEMM tutorial's setup.py with CUDAExtension): the GEMM's
 sources and the pybind11 binding as the extension module ``gemm_setuptools``,
-through opforge's setuptools pieces (opforge.build.setuptools_ext: the same
+through opforge's setuptools pieces (opforge.builder.setuptools_ext: the same
 BuildConfig as the JIT route, torch's BuildExtension with ninja). run.py runs
 
     python examples/gemm/setup.py build_ext --build-lib OUT --build-temp OUT/temp
@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_build import gemm_config, setup_dir
 from setuptools import setup
 
-from opforge.build import build_cuda_flag
-from opforge.build.setuptools_ext import BuildExtension, extension
+from opforge.builder import build_cuda_flag
+from opforge.builder.setuptools_ext import BuildExtension, extension
 
 cfg = gemm_config("gemm_setuptools", with_cuda=bool(build_cuda_flag()))
 setup(

@@ -1,6 +1,6 @@
 """The load_inline tutorial's two load_inline programs, through opforge's inline route: the C++
 ``hello`` and ``square_matrix`` (a CUDA kernel on a GPU, a C++ loop on the CPU),
-built as one module by ``opforge.build.inline.inline``.
+built as one module by ``opforge.builder.inline.inline``.
 
     python examples/load_inline/run.py                 # the GPU if torch sees one, else the CPU
     python examples/load_inline/run.py --device cpu
@@ -19,8 +19,8 @@ os.environ.setdefault("OPFORGE_NO_AUTOLOAD", "1")
 
 import torch
 
-from opforge.build.errors import BuildError
-from opforge.build.inline import inline, inline_config
+from opforge.builder.errors import BuildError
+from opforge.builder.inline import inline, inline_config
 
 # The load_inline tutorial's first program, unchanged: inline prepends #include <torch/extension.h>, as load_inline does.
 HELLO_CPP = """

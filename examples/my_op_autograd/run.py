@@ -27,7 +27,7 @@ os.environ.setdefault("OPFORGE_NO_AUTOLOAD", "1")
 import torch
 from torch import nn
 
-from opforge.build.inline import build_pybind_folder
+from opforge.builder.inline import build_pybind_folder
 
 HERE = Path(__file__).resolve().parent
 
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {device}, torch {torch.__version__}")
     # ATen calls only, no .cu: one C++ build serves CPU and CUDA tensors.
     ext = build_pybind_folder(HERE / "csrc", name="my_op")
-    print(f"built {HERE / 'csrc'} through opforge.build.inline.build_pybind_folder: module {ext.__name__}")
+    print(f"built {HERE / 'csrc'} through opforge.builder.inline.build_pybind_folder: module {ext.__name__}")
     show_autograd_function(ext, device)
     show_custom_op(ext, device)
     show_sigmoid(device)

@@ -53,7 +53,7 @@ def build(build_dir: Path, device: str) -> Path:
     cmd = [sys.executable, "setup.py", "build_ext", "--build-lib", str(lib), "--build-temp", str(build_dir / "tmp")]
     # The compilers opforge's own builds would use: a CXX that links libstdc++
     # statically (some GPU images' devtoolset g++) gives a module that crashes.
-    from opforge.build import toolchain
+    from opforge.builder import toolchain
 
     tc = toolchain.resolve(with_cuda=device != "cpu")
     for note in tc.notes():

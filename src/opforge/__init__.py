@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import os
 
-from opforge.build import Library
-from opforge.build import fast as _fast
-from opforge.build.prebuilt import load_library_file as load_library
-from opforge.build.prebuilt import load_op_library
+from opforge import fast as _fast
+from opforge.builder import Library
+from opforge.builder.prebuilt import load_library_file as load_library
+from opforge.builder.prebuilt import load_op_library
 
 # opforge.spec is the function (opforge.derive.spec); bound after the module
 # opforge.spec was imported, it keeps the name. `from opforge.spec import ...`

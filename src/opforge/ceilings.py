@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from opforge.build import cache_root
+from opforge.builder import cache_root
 
 # Copy: 1 GiB on a GPU (many times any L2); 128 MiB on a CPU (past its caches,
 # and quick on two cores). Matmul: 8192^3 fills an H100/H200 (DESIGN: cuBLAS

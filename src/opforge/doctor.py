@@ -32,11 +32,11 @@ from rich.console import Console
 from rich.text import Text
 
 import opforge
-from opforge.build.toolchain import STATIC_FIX as STATIC_FIX
-from opforge.build.toolchain import Problem
-from opforge.build.toolchain import Severity as Severity
-from opforge.build.toolchain import compare_cuda_versions as compare_cuda_versions
-from opforge.build.toolchain import parse_nvcc_version as parse_nvcc_version
+from opforge.builder.toolchain import STATIC_FIX as STATIC_FIX
+from opforge.builder.toolchain import Problem
+from opforge.builder.toolchain import Severity as Severity
+from opforge.builder.toolchain import compare_cuda_versions as compare_cuda_versions
+from opforge.builder.toolchain import parse_nvcc_version as parse_nvcc_version
 from opforge.doctor_cache import CacheEntry as CacheEntry
 from opforge.doctor_cache import CacheInfo, LibraryInfo, probe_cache, probe_library
 from opforge.doctor_cache import LockFile as LockFile

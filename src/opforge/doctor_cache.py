@@ -12,12 +12,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opforge.build import BuildError, cache_root, library_config
-from opforge.build import cache as build_cache
-from opforge.build.jit import is_complete, module_name
-from opforge.build.prebuilt import choose_prebuilt, library_file
-from opforge.build.store import CacheDirError
-from opforge.build.toolchain import Problem
+from opforge.builder import BuildError, cache_root, library_config
+from opforge.builder import cache as build_cache
+from opforge.builder.jit import is_complete, module_name
+from opforge.builder.prebuilt import choose_prebuilt, library_file
+from opforge.builder.store import CacheDirError
+from opforge.builder.toolchain import Problem
 
 
 @dataclass

@@ -3,7 +3,7 @@ interpreter, torch, nvcc, the C++ compiler, ninja and the GPUs. Each returns
 its section of the report and appends what it finds wrong to ``problems``.
 
 The toolchain's own facts (nvcc's version against torch's, how a compiler
-links libstdc++, where ninja is) come from ``opforge.build.toolchain``, which
+links libstdc++, where ninja is) come from ``opforge.builder.toolchain``, which
 the build reads too: the doctor says what the build will do.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from opforge.build import BuildError, build_cuda_flag, cuda_archs, cuda_home, toolchain, want_cuda
-from opforge.build.toolchain import STATIC_FIX, Problem, compare_cuda_versions, nvcc_version, version_tuple
-from opforge.build.toolchain import first_line as _first_line
-from opforge.build.toolchain import run as _run
+from opforge.builder import BuildError, build_cuda_flag, cuda_archs, cuda_home, toolchain, want_cuda
+from opforge.builder.toolchain import STATIC_FIX, Problem, compare_cuda_versions, nvcc_version, version_tuple
+from opforge.builder.toolchain import first_line as _first_line
+from opforge.builder.toolchain import run as _run
 from opforge.nvml import GpuInfo
 from opforge.nvml import query as _nvml_gpus
 
@@ -58,7 +58,7 @@ class CompilerInfo:
     cxx: str = ""  # $CXX or "c++", as torch resolves it
     path: str | None = None
     version: str | None = None
-    libstdcxx: str = "unknown"  # "shared", "static", "libc++", "none", "skipped", "unknown" (opforge.build.toolchain.Verdict)
+    libstdcxx: str = "unknown"  # "shared", "static", "libc++", "none", "skipped", "unknown" (opforge.builder.toolchain.Verdict)
     builds_with: str | None = None  # the compiler builds fall back to when this one links libstdc++ statically
     note: str = ""
     env: dict[str, str | None] = field(default_factory=dict)

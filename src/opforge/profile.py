@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.table import Table
 
 # The parsers and command lines live in their own modules; `X as X` names the
 # ones this module re-exports without using them, for `from opforge.profile import ...`.
+from opforge.console import err, out
 from opforge.profile_ncu import METRICS as METRICS
 from opforge.profile_ncu import kernel_table, ncu_command, ncu_import_command, parse_ncu_csv, short_kernel_name
 from opforge.profile_sanitizer import SANITIZER_TOOLS, parse_sanitizer, sanitizer_command
@@ -53,10 +53,6 @@ if TYPE_CHECKING:
 
     from opforge.spec import OpSpec, Sample
 
-# Tables are wide: when output is piped (CI logs), rich would assume 80 columns.
-_WIDTH = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
-out = Console(width=_WIDTH)
-err = Console(stderr=True)
 
 #: Exit status when the GPU or a tool is missing: "cannot run here", not "failed".
 EXIT_MISSING = 2
@@ -363,27 +359,19 @@ def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Pa
 
 
 def _package_ops(target: str) -> tuple[Path | None, list[str]] | int:
-    """``target`` as (package directory or spec file, or None; operators): a
-    package of ``opforge new``'s is loaded (built on first use) and stands for
-    its operators, a spec file (``FILE.py``) is run and stands for those its
-    ``SPECS`` name. An int is the exit status of a failed load, already reported."""
-    from opforge.build import BuildError
-    from opforge.project import ProjectError, find_project, load_project, load_spec_file, names_a_path, not_a_project
+    """``target`` as (package directory or spec file, or None; operators), by the
+    resolution every command shares (opforge.project.resolve_target): an
+    operator's name stands for itself. An int is the exit status of a failed
+    load, already reported."""
+    from opforge.builder import BuildError
+    from opforge.project import ProjectError, resolve_target
 
-    path = Path(target)
     try:
-        if not names_a_path(target):  # an operator's name, even where a folder of that name is here
-            return None, [target]
-        if target.endswith(".py"):
-            return path.resolve(), [s.qualname for s in load_spec_file(path)]
-        if not path.is_dir():
-            raise ProjectError(f"{target}: {'not a directory' if path.exists() else 'no such directory'}")
-        if find_project(path) is None:
-            raise ProjectError(not_a_project(target))
-        return path.resolve(), [s.qualname for s in load_project(path)]
+        path, specs = resolve_target(target)
     except (ProjectError, BuildError) as exc:
         err.print(f"opforge profile: {exc}", soft_wrap=True, markup=False, highlight=False)
         return 1
+    return (None, [target]) if path is None else (path, [s.qualname for s in specs])
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ A scaffolded package is a directory whose ``pyproject.toml`` has a
 ``[tool.opforge]`` table (the marker)::
 
     [tool.opforge]
-    sources = "csrc/my_op"      # one TORCH_LIBRARY library, built by opforge.build.folder_config
+    sources = "csrc/my_op"      # one TORCH_LIBRARY library, built by opforge.builder.folder_config
     package = "my_op"           # importing it loads that library and registers the specs in my_op.ops
     package-dir = "src"         # where the package is, relative to the directory
     namespace = "my_op"         # the torch.ops namespace of its operators
@@ -30,7 +30,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.build import BuildError, Library
+from opforge.builder import BuildError, Library
 from opforge.spec import OpSpec, all_specs, register
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "new"
@@ -298,10 +298,33 @@ def not_a_project(path: str | Path) -> str:
     return f"{path} is not an opforge package: no [tool.opforge] table in {Path(path) / 'pyproject.toml'} (opforge new makes one)"
 
 
+class TargetNotFound(ProjectError):
+    """A command's operand names no spec file or opforge package (a usage error)."""
+
+
+def resolve_target(target: str) -> tuple[Path | None, list[OpSpec]]:
+    """One operand of ``opforge check/bench/profile``, the same for every command:
+    an operator's name gives (None, []); a spec file (``FILE.py``) is run and a
+    package directory (``opforge new``'s) is loaded, giving its path and specs.
+    A name that misses raises TargetNotFound; a failed load, ProjectError or BuildError."""
+    if not names_a_path(target):  # an operator's name, even where a folder of that name is here
+        return None, []
+    path = Path(target)
+    if target.endswith(".py"):
+        if not path.is_file():
+            raise TargetNotFound(f"{target}: {'not a file' if path.exists() else 'no such file'}")
+        return path.resolve(), load_spec_file(path)
+    if not path.is_dir():
+        raise TargetNotFound(f"{target}: {'not a directory' if path.exists() else 'no such directory'}")
+    if find_project(path) is None:
+        raise TargetNotFound(not_a_project(target))
+    return path.resolve(), load_project(path)
+
+
 def load_project(path: str | Path) -> list[OpSpec]:
     """Builds (JIT, or the prebuilt library ``pip install`` left in the package when
     it fits), loads a scaffolded package's operators and registers their specs;
-    returns them. Build failures raise ``opforge.build.BuildError``."""
+    returns them. Build failures raise ``opforge.builder.BuildError``."""
     project = find_project(path)
     if project is None:
         raise ProjectError(not_a_project(path))
@@ -324,7 +347,7 @@ def load_spec_file(path: str | Path) -> list[OpSpec]:
     ``opforge.spec(torch.ops.my_ns.my_op.default, reference=...)`` makes them)
     with its own folder first on sys.path, so that it imports the package beside
     it; registers the specs and returns them. Build failures of what it imports
-    raise ``opforge.build.BuildError``; anything else wrong, ProjectError with
+    raise ``opforge.builder.BuildError``; anything else wrong, ProjectError with
     the file's line."""
     file = Path(path).resolve()
     if file in _SPEC_FILES:
@@ -382,6 +405,7 @@ __all__ = [
     "TEMPLATES",
     "Project",
     "ProjectError",
+    "TargetNotFound",
     "check_identifier",
     "find_project",
     "load_project",
@@ -390,6 +414,7 @@ __all__ = [
     "not_a_project",
     "parse_torch_min",
     "project_library",
+    "resolve_target",
     "scaffold",
     "torch_namespaces",
 ]

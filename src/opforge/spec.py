@@ -206,9 +206,9 @@ def owner_has_autograd(op: torch._ops.OpOverload) -> bool:
 
 
 def _public_function(spec: OpSpec) -> Callable[..., Any]:
-    """``opforge.<name>``: the eager fast path when it applies (opforge.build.fast),
+    """``opforge.<name>``: the eager fast path when it applies (opforge.fast),
     else the dispatcher (torch.ops), which also serves torch.compile and export."""
-    from opforge.build.fast import Context, fast_op
+    from opforge.fast import Context, fast_op
 
     op = spec.overload
     # An owner's operator is called through torch.ops (or the owner's own

@@ -2,7 +2,7 @@
 //
 // The wrapper checks its tensors, then dispatches on their device: CUDA tensors
 // go to the kernel in add2.cu, CPU tensors to a plain loop. opforge's pybind
-// route (opforge.build.inline.build_pybind_folder) compiles add2.cu and defines
+// route (opforge.builder.inline.build_pybind_folder) compiles add2.cu and defines
 // OPFORGE_WITH_CUDA only when it builds with CUDA; without it the CUDA branch
 // is left out and this file alone makes the module.
 #include <torch/extension.h>

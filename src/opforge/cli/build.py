@@ -5,9 +5,6 @@ package, setup.py, CMake)."""
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,21 +48,21 @@ def print_library() -> int:
 
 
 def build_folder(path: Path, route: str = "auto") -> int:
-    """A user's folder of sources, in whatever layout (opforge.build.discover):
+    """A user's folder of sources, in whatever layout (opforge.builder.discover):
     what was found is printed, then it is built by the route it calls for, or
     by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
-    files handed to opforge.build.inline as strings), setuptools (build_ext, as
+    files handed to opforge.builder.inline as strings), setuptools (build_ext, as
     pip install would). A package importing _C: package (built in place). A
     pybind11 module: pybind. Its own CMakeLists.txt: cmake."""
     import torch
 
     from opforge import load_library as load_library_file
-    from opforge.build import BuildError, cuda_archs, folder_config, load_library
-    from opforge.build.describe import cuda_unavailable, describe
-    from opforge.build.discover import DiscoveryError, discover
-    from opforge.build.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
-    from opforge.build.registrations import registers_nothing
-    from opforge.build.user_pch import with_torch_pch
+    from opforge.builder import BuildError, cuda_archs, folder_config, load_library
+    from opforge.builder.describe import cuda_unavailable, describe
+    from opforge.builder.discover import DiscoveryError, discover
+    from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
+    from opforge.builder.registrations import registers_nothing
+    from opforge.builder.user_pch import with_torch_pch
 
     try:
         layout = discover(path)
@@ -120,7 +117,7 @@ def build_folder(path: Path, route: str = "auto") -> int:
                 return _registered_nothing(folder, lib.path)
             out.print(f"{folder.name}: {lib.path} (inline; loaded into torch.ops)")
         elif route == "setuptools":
-            from opforge.build.setuptools_ext import build_folder as build_with_setuptools
+            from opforge.builder.setuptools_ext import build_folder as build_with_setuptools
 
             so = build_with_setuptools(folder)
             load_library_file(so)
@@ -144,9 +141,9 @@ def _build_package(layout: Any) -> int:
     into the cache, the library copied into the package as _C<EXT_SUFFIX> (as
     ``build_ext --inplace`` leaves it), then ``import <package>`` tried in a new
     process, as its user will run it."""
-    from opforge.build import build_library
-    from opforge.build.discover import DiscoveryError
-    from opforge.build.package import package_config, place_in_package
+    from opforge.builder import build_library
+    from opforge.builder.discover import DiscoveryError
+    from opforge.builder.package import package_config, place_in_package
 
     package = layout.package
     lib = build_library(package_config(layout))
@@ -164,7 +161,7 @@ def _build_package(layout: Any) -> int:
 
 def _imports(name: str, module: str, where: Path, library: Path, namespaces: Sequence[str]) -> int:
     """``import <module>`` in a new process from ``where``, as its user will: said, with the operators it registered."""
-    from opforge.build.package import try_import
+    from opforge.builder.package import try_import
 
     ok, found = try_import(module, where, library, namespaces)
     if not ok:
@@ -176,15 +173,15 @@ def _imports(name: str, module: str, where: Path, library: Path, namespaces: Seq
 
 
 def _build_setup_py(layout: Any, setup_py: Path) -> int:
-    """The extensions a setup.py declares (opforge.build.setup_py), each built
+    """The extensions a setup.py declares (opforge.builder.setup_py), each built
     by the JIT engine and copied where ``build_ext --inplace`` puts it; then
     each imported in a new process, as its user will."""
-    from opforge.build import build_library, want_cuda
-    from opforge.build.describe import cuda_unavailable
-    from opforge.build.discover import DiscoveryError, read_binding
-    from opforge.build.package import place_library
-    from opforge.build.setup_py import extension_config, import_root, inplace_target, read
-    from opforge.build.user_pch import plan
+    from opforge.builder import build_library, want_cuda
+    from opforge.builder.describe import cuda_unavailable
+    from opforge.builder.discover import DiscoveryError, read_binding
+    from opforge.builder.package import place_library
+    from opforge.builder.setup_py import extension_config, import_root, inplace_target, read
+    from opforge.builder.user_pch import plan
 
     root = layout.root
     try:
@@ -238,74 +235,19 @@ def _registered_nothing(folder: Path, so: Path) -> int:
 
 
 def _build_cmake(folder: Path) -> int:
-    """cmake configure + build of the folder's CMakeLists.txt into the cache,
-    with torch's CMake package found, then every shared library it made loaded."""
-    import hashlib
-    import subprocess
-
-    import torch
-
+    """The CMake route (opforge.builder.cmake), then every shared library it made loaded."""
     from opforge import load_library
-    from opforge.build import cache_root, toolchain
+    from opforge.builder import BuildError
+    from opforge.builder.cmake import build_cmake
 
     if not (folder / "CMakeLists.txt").is_file():
         usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
-    if shutil.which("cmake") is None:
-        raise SystemExit("opforge build: cmake is not on PATH (apt-get install cmake, or pip install cmake)")
-    build = cache_root() / f"cmake-{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:16]}"
-    # A compiler that links libstdc++ statically is replaced as on the JIT route.
-    # CUDA sources may live outside the folder (add_library over ../csrc): a CUDA torch means nvcc may run.
-    tc = toolchain.resolve(with_cuda=torch.version.cuda is not None)
-    compilers = []
-    # The environment too: CMake's CUDA detection reads CUDAHOSTCXX and adds
-    # that compiler's library folders to every link (a libstdc++.a found there
-    # first is linked in, whatever compiler links).
-    env = dict(os.environ)
-    for note in tc.notes():
-        err.print(note, highlight=False)
-    if tc.cxx.fell_back:
-        compilers.append(f"-DCMAKE_CXX_COMPILER={tc.cxx.use}")
-        env["CXX"] = tc.cxx.use
-        cc = Path(tc.cxx.use).with_name(Path(tc.cxx.use).name.replace("g++", "gcc"))
-        if env.get("CC") and cc.is_file():
-            env["CC"] = str(cc)
-    if tc.cuda_host is not None and tc.cuda_host.fell_back:
-        compilers.append(f"-DCMAKE_CUDA_HOST_COMPILER={tc.cuda_host.use}")
-        env["CUDAHOSTCXX"] = tc.cuda_host.use
-    for cmd in (
-        [
-            "cmake",
-            "-S",
-            str(folder),
-            "-B",
-            str(build),
-            "-DCMAKE_BUILD_TYPE=Release",
-            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-            # The interpreter whose torch that is: left to FindPython, an
-            # activated virtualenv or PATH can name another one (seen in CI
-            # run from inside a second venv).
-            f"-DPython_EXECUTABLE={sys.executable}",
-            f"-DPython3_EXECUTABLE={sys.executable}",
-            *compilers,
-        ],
-        ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
-    ):
-        err.print(f"opforge build: {' '.join(cmd[:2])} ...", highlight=False)
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if res.returncode != 0:
-            err.print(res.stdout[-4000:] + res.stderr[-4000:], highlight=False, markup=False)
-            return 1
-    libs = sorted(p for p in build.glob("*.so") if p.is_file())
+    try:
+        libs = build_cmake(folder, say=lambda line: err.print(line, highlight=False))
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
     for so in libs:
-        if toolchain.links_libstdcxx_statically(so):
-            # Loading it would abort the process at the first C++ exception.
-            raise SystemExit(
-                f"opforge build: {so.name} carries its own copy of libstdc++ (linked statically): torch's exceptions would "
-                f"abort the process. Its link command is in {build}; look for -static-libstdc++ or a -L folder holding "
-                "only libstdc++.a, and build with a compiler that links libstdc++ dynamically (CXX=g++ CUDAHOSTCXX=g++)"
-            )
         load_library(so)
         out.print(f"{folder.name}: {so} (cmake; loaded into torch.ops)")
-    if not libs:
-        raise SystemExit(f"opforge build: cmake built no shared library in {build}")
     return 0

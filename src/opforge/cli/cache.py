@@ -17,7 +17,7 @@ def _mib(n: int) -> str:
 def cmd_cache_list(args: argparse.Namespace) -> int:
     import datetime
 
-    from opforge.build import BuildError, cache, cache_root
+    from opforge.builder import BuildError, cache, cache_root
 
     try:
         found = cache.entries()
@@ -42,7 +42,7 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clean(args: argparse.Namespace) -> int:
-    from opforge.build import BuildError, cache
+    from opforge.builder import BuildError, cache
 
     if args.older_than is not None and args.older_than < 0:
         usage_error(f"opforge: --older-than must be a number of days >= 0, got {args.older_than}")

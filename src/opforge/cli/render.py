@@ -3,17 +3,12 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-# Tables are wide: when output is piped (CI logs), rich would assume 80 columns.
-_WIDTH = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
-out = Console(width=_WIDTH, soft_wrap=True)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, soft_wrap=True)
+from opforge.console import err as err  # the consoles of every command
+from opforge.console import out as out
 
 
 def bench_table(report) -> Any:  # noqa: ANN001

@@ -14,14 +14,14 @@ from opforge.cli.render import err, out
 if TYPE_CHECKING:
     import torch
 
-    from opforge.build import Library
+    from opforge.builder import Library
     from opforge.spec import OpSpec
 
 
 def library() -> Library:
     """The op library, built and loaded; a build failure is a message, not a traceback."""
     import opforge
-    from opforge.build import BuildError
+    from opforge.builder import BuildError
 
     try:
         return opforge.load()
@@ -54,68 +54,39 @@ def pick_device(name: str, projects_cuda: dict[str, bool] | None = None, *, own_
 def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
     """``names`` with each package directory (``opforge new``'s, a ``[tool.opforge]``
     table in its pyproject.toml) and each spec file (``FILE.py``, its ``SPECS``)
-    loaded and replaced by its operators' qualified names; per directory or file,
-    whether its operators have CUDA kernels; and whether opforge's own op library
-    is needed (no names, or a name that is neither)."""
-    from opforge.build import BuildError
-    from opforge.project import ProjectError, find_project, load_project, names_a_path, not_a_project, project_library
+    loaded and replaced by its operators' qualified names (opforge.project.resolve_target,
+    which ``opforge profile`` uses too); per directory or file, whether its operators
+    have CUDA kernels; and whether opforge's own op library is needed (no names, or
+    a name that is neither). A spec file's report says what was derived from the schema."""
+    from opforge.builder import BuildError
+    from opforge.derive import describe, has_kernel_for
+    from opforge.project import ProjectError, TargetNotFound, project_library, resolve_target
 
     expanded: list[str] = []
     cuda: dict[str, bool] = {}
     for n in names:
-        if not names_a_path(n):  # an operator's name, even where a folder of that name is here
-            expanded.append(n)
-            continue
-        path = Path(n)
-        if n.endswith(".py"):
-            expanded += spec_file(n)
-            cuda[n] = spec_file_has_cuda(n)
-            continue
-        if not path.is_dir():
-            usage_error(f"opforge: {n}: {'not a directory' if path.exists() else 'no such directory'}")
         try:
-            if find_project(path) is None:
-                usage_error(f"opforge: {not_a_project(n)}")
-            expanded += [s.qualname for s in load_project(path)]
+            path, specs = resolve_target(n)
+        except TargetNotFound as exc:
+            usage_error(f"opforge: {exc}")
         except ProjectError as exc:
             raise SystemExit(f"opforge: {exc}") from None
         except BuildError as exc:
             err.print(str(exc), highlight=False, markup=False)
             raise SystemExit(1) from None
-        lib = project_library(path)
-        cuda[n] = bool(lib and lib.with_cuda)
+        if path is None:
+            expanded.append(n)
+            continue
+        expanded += [s.qualname for s in specs]
+        if path.suffix == ".py":
+            for spec in specs:
+                if note := describe(spec):
+                    out.print(f"{spec.qualname} ({n}): {note}", highlight=False, markup=False)
+            cuda[n] = all(has_kernel_for(s.overload, "cuda") for s in specs)
+        else:
+            lib = project_library(path)
+            cuda[n] = bool(lib and lib.with_cuda)
     return expanded, cuda, not names or len(cuda) < len(names)
-
-
-def spec_file(name: str) -> list[str]:
-    """Loads a spec file and registers its specs (opforge.project.load_spec_file);
-    says, per operator, what was derived from its schema. The qualified names."""
-    from opforge.build import BuildError
-    from opforge.derive import describe
-    from opforge.project import ProjectError, load_spec_file
-
-    path = Path(name)
-    if not path.is_file():
-        usage_error(f"opforge: {name}: {'not a file' if path.exists() else 'no such file'}")
-    try:
-        specs = load_spec_file(path)
-    except ProjectError as exc:
-        raise SystemExit(f"opforge: {exc}") from None
-    except BuildError as exc:
-        err.print(str(exc), highlight=False, markup=False)
-        raise SystemExit(1) from None
-    for spec in specs:
-        if note := describe(spec):
-            out.print(f"{spec.qualname} ({name}): {note}", highlight=False, markup=False)
-    return [s.qualname for s in specs]
-
-
-def spec_file_has_cuda(name: str) -> bool:
-    """Whether every operator of a loaded spec file has a CUDA kernel (or one for every device)."""
-    from opforge.derive import has_kernel_for
-    from opforge.project import load_spec_file
-
-    return all(has_kernel_for(s.overload, "cuda") for s in load_spec_file(name))
 
 
 def specs_of(names: Sequence[str], *, own_library: bool = True) -> list[OpSpec]:
@@ -140,7 +111,7 @@ def fast_path_for_packages() -> None:
     library): the fast path's module lives in opforge's op library, so it is
     loaded before the packages are. Without it they are timed through torch.ops."""
     import opforge
-    from opforge.build import BuildError
+    from opforge.builder import BuildError
 
     try:
         opforge.load()

@@ -337,7 +337,7 @@ def _bad(device: torch.device) -> list[BadInput]:
             rules.SAME_DEVICE.bad(
                 "s_ch on the meta device", (a, w, st, sc.to("meta"), sg, gs), q, a="a", b="s_ch", got_a="cpu", got_b="meta"
             ),
-            # The CUDA kernel writes NaN instead (a value check would need a sync): tests/test_qqq.py.
+            # The CUDA kernel writes NaN instead (a value check would need a sync): tests/test_qqq_gemm.py.
             BadInput(
                 "group scale 17",
                 (a, w, st, sc, bad_scale, gs),

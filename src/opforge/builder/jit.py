@@ -10,7 +10,7 @@ Wraps ``torch.utils.cpp_extension.load`` where it is weak:
 * a build directory without its completion marker is debris from a failed or
   killed build and is wiped before the next attempt;
 * progress goes to stderr while ninja runs, and a failure is reported as the
-  compiler's first errors with file and line (``opforge.build.errors``).
+  compiler's first errors with file and line (``opforge.builder.errors``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from pathlib import Path
 
 import torch
 
-from opforge.build import toolchain
-from opforge.build.discover import CUDA_SUFFIXES, headers_under
-from opforge.build.errors import BuildError, explain_build_failure
-from opforge.build.pch import Pch, precompiled_header
-from opforge.build.progress import Progress
-from opforge.build.store import cache_root, exclusive
-from opforge.build.torch_flags import torch_cxx_flags
+from opforge.builder import toolchain
+from opforge.builder.discover import CUDA_SUFFIXES, headers_under
+from opforge.builder.errors import BuildError, explain_build_failure
+from opforge.builder.pch import Pch, precompiled_header
+from opforge.builder.progress import Progress
+from opforge.builder.store import cache_root, exclusive
+from opforge.builder.torch_flags import torch_cxx_flags
 
 # Bumped when the layout of a cache entry or the build recipe changes.
 _CACHE_FORMAT = "2"
@@ -59,12 +59,12 @@ class BuildConfig:
     # A pybind11 extension module (PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)) to
     # import, rather than a TORCH_LIBRARY library to load into torch.ops.
     python_module: bool = False
-    # Headers every .cpp source is compiled with precompiled (opforge.build.pch),
+    # Headers every .cpp source is compiled with precompiled (opforge.builder.pch),
     # as include spellings: "<torch/extension.h>", '"my/all.h"'. Pays off for a
     # build of many .cpp files; two units (the op library's) gain nothing from it.
     pch_headers: tuple[str, ...] = ()
     # The .cpp sources that get ``pch_headers``, where only some should: each
-    # one begins with exactly those headers (opforge.build.user_pch), and is
+    # one begins with exactly those headers (opforge.builder.user_pch), and is
     # compiled from a generated file that includes the header, then it. The
     # headers are torch's, found without ``include_dirs``, so one precompiled
     # header serves every folder. Empty: every .cpp source, by ``-include``.
@@ -181,7 +181,7 @@ def module_name(cfg: BuildConfig) -> str:
 
 def load_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
     """Builds ``cfg`` if needed, then loads it into torch.ops (TORCH_LIBRARY registrations run)."""
-    from opforge.build.registrations import refuse_clashes
+    from opforge.builder.registrations import refuse_clashes
 
     lib = build_library(cfg, quiet=quiet)
     check_safe_to_load(lib.path)
@@ -463,7 +463,7 @@ def _check_toolchain(cfg: BuildConfig) -> None:
 
 def _check_shared_libstdcxx(so: Path, compiler: str) -> None:
     """Refuses a library that carries its own copy of libstdc++, should a
-    compiler slip past the toolchain's probe (opforge.build.toolchain): torch
+    compiler slip past the toolchain's probe (opforge.builder.toolchain): torch
     and the op would hold two copies of the iostream and locale machinery, and
     the first error message that prints a number segfaults."""
     if toolchain.links_libstdcxx_statically(so):

@@ -5,7 +5,7 @@ Most of the compile time of a user's torch-facing file is torch's headers
 ``plan`` reads how each C++ source begins: the run of ``#include <...>``
 lines at its top, up to its last torch header (``torch/``, ``ATen/``, ``c10/``).
 That prefix, exactly as written, becomes the precompiled header
-(``opforge.build.pch``: built once per compiler, flags and header list, kept in
+(``opforge.builder.pch``: built once per compiler, flags and header list, kept in
 the cache and shared by every folder that begins the same way), and each
 source that begins with it is compiled with it in front (``BuildConfig.pch_units``).
 
@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from opforge.build.discover import CPP_SUFFIXES, strip_comments
-from opforge.build.jit import BuildConfig
+from opforge.builder.discover import CPP_SUFFIXES, strip_comments
+from opforge.builder.jit import BuildConfig
 
 # The header families torch installs; a CUDA or HIP header (c10/cuda/...) needs the toolkit's.
 _TORCH_FAMILY = ("torch/", "ATen/", "c10/")

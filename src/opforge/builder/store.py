@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from opforge.build.errors import BuildError
+from opforge.builder.errors import BuildError
 
 
 class CacheDirError(BuildError):

@@ -28,8 +28,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from opforge.build.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
-from opforge.build.jit import BuildConfig
+from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
+from opforge.builder.jit import BuildConfig
 
 #: A setup.py only declares: a minute covers importing torch on a loaded machine.
 READ_TIMEOUT_S = 120.0
@@ -280,9 +280,9 @@ def extension_config(ext: SetupExtension, *, with_cuda: bool) -> BuildConfig:
     """``ext`` as a build of the JIT engine: its flags after Python's, its
     macros, include and library folders as declared; CUDA sources only with
     ``with_cuda``. The library is named by the module's last part (``_C``)."""
-    from opforge.build import cuda_archs, gencode_flags
-    from opforge.build.errors import BuildError
-    from opforge.build.user_pch import with_torch_pch
+    from opforge.builder import cuda_archs, gencode_flags
+    from opforge.builder.errors import BuildError
+    from opforge.builder.user_pch import with_torch_pch
 
     if ext.dlink:
         raise BuildError(

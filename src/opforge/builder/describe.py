@@ -7,16 +7,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from opforge.build.discover import Layout, skipped_name
-from opforge.build.user_pch import plan
+from opforge.builder.discover import Layout, skipped_name
+from opforge.builder.user_pch import plan
 
 
 def cuda_unavailable() -> str | None:
-    """Why this machine builds no CUDA kernels (as ``opforge.build.want_cuda``
+    """Why this machine builds no CUDA kernels (as ``opforge.builder.want_cuda``
     decides), or None when it does."""
     import torch
 
-    from opforge.build import build_cuda_flag, cuda_home, want_cuda
+    from opforge.builder import build_cuda_flag, cuda_home, want_cuda
 
     if want_cuda():
         return None

@@ -23,7 +23,7 @@ import torch
 from setuptools import Extension
 from torch.utils.cpp_extension import BuildExtension as _TorchBuildExtension
 
-from opforge.build.jit import BuildConfig
+from opforge.builder.jit import BuildConfig
 
 #: Beside the library: ``_C.<abi>.so`` and ``_C.build.json``.
 RECORD_SUFFIX = ".build.json"
@@ -66,7 +66,7 @@ class BuildExtension(_TorchBuildExtension):
     A compiler that links libstdc++ statically is replaced as on the JIT route."""
 
     def run(self) -> None:
-        from opforge.build import toolchain
+        from opforge.builder import toolchain
 
         with_cuda = any(str(s).endswith(".cu") for e in self.extensions for s in e.sources)
         tc = toolchain.resolve(with_cuda=with_cuda)
@@ -104,9 +104,9 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
     import subprocess
     import time
 
-    from opforge.build import folder_config
-    from opforge.build.errors import explain_build_failure
-    from opforge.build.store import cache_root, exclusive
+    from opforge.builder import folder_config
+    from opforge.builder.errors import explain_build_failure
+    from opforge.builder.store import cache_root, exclusive
 
     cfg = folder_config(folder)
     out = cache_root() / f"setuptools-{cfg.name}-{cfg.key()[:16]}"
@@ -124,8 +124,8 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
         shutil.rmtree(out, ignore_errors=True)  # debris of a failed or killed build
         script = (
             "import sys; from pathlib import Path; from setuptools import setup\n"
-            "from opforge.build import folder_config\n"
-            "from opforge.build.setuptools_ext import BuildExtension, extension\n"
+            "from opforge.builder import folder_config\n"
+            "from opforge.builder.setuptools_ext import BuildExtension, extension\n"
             "folder, out = Path(sys.argv[1]), sys.argv[2]\n"
             "setup(name=folder.name, script_args=['-q', 'build_ext', '--build-lib', out, '--build-temp', out + '/temp'],\n"
             "      ext_modules=[extension(folder_config(folder), sys.argv[3], folder)],\n"
@@ -153,7 +153,7 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
 
 def library_extension(setup_dir: Path) -> Extension:
     """opforge's own op library as ``opforge._C``."""
-    from opforge.build import library_config
+    from opforge.builder import library_config
 
     return extension(library_config(), "opforge._C", setup_dir)
 

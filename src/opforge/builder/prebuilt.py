@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from opforge.build.archs import arch_covered
-from opforge.build.errors import BuildError
-from opforge.build.jit import BuildConfig, Library, check_safe_to_load
+from opforge.builder.archs import arch_covered
+from opforge.builder.errors import BuildError
+from opforge.builder.jit import BuildConfig, Library, check_safe_to_load
 
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;
 #: or the path of a library built by another route (CMake), loaded as opforge's own.
@@ -48,7 +48,7 @@ def load_library_file(path: str | Path) -> Path:
     BuildError naming the cause and the fix."""
     import torch
 
-    from opforge.build.registrations import refuse_clashes
+    from opforge.builder.registrations import refuse_clashes
 
     p = Path(path).resolve()
     if not p.is_file():
@@ -97,7 +97,7 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
     and Python, from ``sources`` as they are now (an editable install whose
     sources were edited since must rebuild; None: not checked), with CUDA
     kernels for every GPU here when this machine could build them."""
-    from opforge.build import want_cuda
+    from opforge.builder import want_cuda
 
     if not so.is_file():
         return False, "no prebuilt library (it is built by `pip install --no-build-isolation .`)"
@@ -127,7 +127,7 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
 
 def choose_prebuilt() -> tuple[Path | None, str]:
     """opforge's own prebuilt library if it fits (``prebuilt_fits``), else None; the reason, in words."""
-    from opforge.build import library_config
+    from opforge.builder import library_config
 
     mode = library_mode()
     if mode in ("jit", "file"):
@@ -162,7 +162,7 @@ def load_prebuilt(so: Path) -> Library:
 def load_op_library() -> Library:
     """opforge's op library: the one ``OPFORGE_LIBRARY`` names, else the
     prebuilt one when it fits, else the JIT build."""
-    from opforge.build import library_config
+    from opforge.builder import library_config
 
     named = library_file()
     if named is not None:
@@ -191,7 +191,7 @@ def load_package_library(so: Path, sources: SourcesConfig | None, *, what: str) 
     prebuilt ``so`` when it fits (``prebuilt_fits``; ``OPFORGE_LIBRARY``
     forces either way), else the JIT build of ``sources(None)``. A path in
     ``OPFORGE_LIBRARY`` names opforge's own library: a package chooses as in auto."""
-    from opforge.build.jit import load_library
+    from opforge.builder.jit import load_library
 
     mode = library_mode()
     ok, why = (False, "OPFORGE_LIBRARY=jit") if mode == "jit" else prebuilt_fits(so, sources)

@@ -5,7 +5,7 @@ Every route follows it: the JIT, setuptools and inline builds
 (``cuda_archs``, ``gencode_flags``), the prebuilt-library check
 (``arch_covered``) and CMakeLists.txt, which runs this file as a script::
 
-    python -I src/opforge/build/archs.py "8.0;9.0+PTX"
+    python -I src/opforge/builder/archs.py "8.0;9.0+PTX"
     8.0;9.0a
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 

@@ -17,7 +17,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from opforge.build import store
+from opforge.builder import store
 
 _FORMAT = "1"
 

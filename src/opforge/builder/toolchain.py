@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from opforge.build.errors import BuildError
-from opforge.build.store import cache_root, read_json, write_json
+from opforge.builder.errors import BuildError
+from opforge.builder.store import cache_root, read_json, write_json
 
 Severity = Literal["error", "warning"]
 

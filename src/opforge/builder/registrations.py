@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from opforge.build.errors import BuildError
+from opforge.builder.errors import BuildError
 from opforge.elf_symbols import ElfError, is_elf, symbol_table_names
 
 # TORCH_LIBRARY(ns, m) defines TORCH_LIBRARY_static_init_<ns>; the fragment and

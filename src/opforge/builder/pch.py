@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.build import store, toolchain
+from opforge.builder import store, toolchain
 
 _FORMAT = "1"
 _MARKER = "COMPLETE.json"

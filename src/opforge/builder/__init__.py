@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from opforge.build.archs import cuda_archs, cuda_home, gencode_flags
-from opforge.build.discover import walk
-from opforge.build.errors import BuildError, Diagnostic, parse_diagnostics
-from opforge.build.jit import BuildConfig, Library, build_library, cache_root, check_safe_to_load, load_library, load_module
+from opforge.builder.archs import cuda_archs, cuda_home, gencode_flags
+from opforge.builder.discover import walk
+from opforge.builder.errors import BuildError, Diagnostic, parse_diagnostics
+from opforge.builder.jit import BuildConfig, Library, build_library, cache_root, check_safe_to_load, load_library, load_module
 
 __all__ = [
     "BuildConfig",
@@ -128,7 +128,7 @@ def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
     """The build of opforge's own op library: every folder under csrc/ops."""
     root = csrc_dir()
     cuda = want_cuda() if with_cuda is None else with_cuda
-    # The eager fast path's Python module init (opforge.build.fast) first:
+    # The eager fast path's Python module init (opforge.fast) first:
     # ninja starts jobs in this order, and it is one of the two slow ones.
     sources: list[Path] = [root / "opforge" / "fast_python.cpp"]
     for op_dir in sorted(p for p in (root / "ops").iterdir() if p.is_dir()):

@@ -1,5 +1,5 @@
 """The package route of ``opforge build PATH``: a package whose ``__init__``
-imports a compiled ``_C`` (``opforge.build.discover.Package``) gets its
+imports a compiled ``_C`` (``opforge.builder.discover.Package``) gets its
 sources built by the JIT engine (cache, lock, progress, compiler errors) into a
 library named ``_C``, copied into the package as ``_C<EXT_SUFFIX>``, where
 ``build_ext --inplace`` would put it, so that the package imports with no pip step.
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opforge.build.discover import DiscoveryError, Layout, Package
+from opforge.builder.discover import DiscoveryError, Layout, Package
 
 if TYPE_CHECKING:
-    from opforge.build.jit import BuildConfig
+    from opforge.builder.jit import BuildConfig
 
 # The module init a TORCH_LIBRARY-only _C lacks: importing the package runs
 # `from . import _C`, and Python needs PyInit__C in the file to load it (the
@@ -46,9 +46,9 @@ def package_config(layout: Layout, *, with_cuda: bool | None = None) -> BuildCon
     (TORCH_EXTENSION_NAME too, so a ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``
     defines PyInit__C), with an empty PyInit__C added where no source defines one.
     A pybind11 module with another name is refused: Python would not find its init."""
-    from opforge.build import BuildError, cache_root, cuda_archs, gencode_flags, want_cuda
-    from opforge.build.jit import BuildConfig
-    from opforge.build.user_pch import with_torch_pch
+    from opforge.builder import BuildError, cache_root, cuda_archs, gencode_flags, want_cuda
+    from opforge.builder.jit import BuildConfig
+    from opforge.builder.user_pch import with_torch_pch
 
     package = layout.package
     if package is None:

@@ -5,10 +5,10 @@ any subfolder, headers in ``include/`` or beside their sources, a Python
 package whose ``__init__`` imports a compiled ``_C``, a pybind11 module, a
 ``setup.py`` or a ``CMakeLists.txt``. ``walk`` finds the sources and the
 include folders, ``discover`` reads how the code binds to Python or torch and
-picks the route (``opforge.build.describe`` says all of it in a few lines,
+picks the route (``opforge.builder.describe`` says all of it in a few lines,
 CUDA sources that cannot be built here included). Nothing here compiles anything.
 
-The package route's build is ``opforge.build.package``'s.
+The package route's build is ``opforge.builder.package``'s.
 """
 
 from __future__ import annotations
