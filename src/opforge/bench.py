@@ -4,18 +4,9 @@ after checking that it is right, and against what the machine can do.
 * Verification first: every sample of the op against the float64 reference
   and every bad input of its spec, then each benchmark case's own output. A
   wrong kernel, or one that takes bad inputs without a word, is refused, never timed.
-* GPU: CUDA events around each call on the current stream, the L2 cache flushed
-  before each timed call (a buffer twice the L2 size is read), warm-up first.
-  The GPU does not wait for Python between a start event and the call it times:
-  queuing a call costs the host less than the flush before it takes on the GPU
-  (benchmarks/experiments/bench_timing.py: batched, synchronised after each call and queued
-  behind a spin kernel agree within 0.4 us on an H200, down to 2^14-element adds).
-  ``graph=True`` replays the call from a CUDA graph, removing launch overhead.
-* CPU: ``time.perf_counter`` around each call, warm-up first.
-* Stop rule: repetitions until the inter-quartile range is under 1 % of the
-  median, or the time budget per case and side is spent; median and IQR kept.
-* Inputs: fresh random data; when a case fits in L2 several input sets are
-  rotated, so no call finds its inputs left in cache by the previous one.
+* Timing (opforge.bench_timing): CUDA events with the L2 flushed on a GPU,
+  ``time.perf_counter`` on the CPU, warm-up first, repetitions until the
+  spread is under 1 % or the budget is spent, inputs rotated when they fit in cache.
 * Baselines side by side: the op's PyTorch reference eager and under
   ``torch.compile`` (if it compiles; if not, the reason is in the row).
 * Limits: achieved GB/s and TFLOP/s from the op's cost model, and the fraction
