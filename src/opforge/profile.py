@@ -139,6 +139,14 @@ def _library_missing(project: Path | None = None) -> list[str]:
     return []
 
 
+def _cannot_run(what: str, missing: list[str], project: Path | None) -> int | None:
+    """The exit status when a tool (``missing``) or the operators' CUDA kernels
+    are missing here, said in one message; None when the run can go ahead."""
+    if not missing:
+        missing = _library_missing(project)
+    return _say_missing(what, missing, project) if missing else None
+
+
 def _child_env() -> dict[str, str]:
     """This process's environment, with this opforge importable by the child
     whether it is installed or run from a checkout."""
@@ -247,11 +255,8 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, proj
     except ValueError as exc:
         err.print(f"opforge profile: {spec_name}: {exc}", soft_wrap=True, markup=False, highlight=False)
         return 1
-    if missing:
-        return _say_missing("profile", missing, project)
-    missing = _library_missing(project)
-    if missing:
-        return _say_missing("profile", missing, project)
+    if (status := _cannot_run("profile", missing, project)) is not None:
+        return status
     try:
         device = torch.device("cuda")
         # Sizes depend on the device (the GPU's largest case is bigger), so list them there.
@@ -306,15 +311,12 @@ def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Pa
     sanitizer, missing = _missing("compute-sanitizer")
     names = [spec_name] if isinstance(spec_name, str) else list(spec_name)
     try:
-        specs = [_resolve(n) for n in names]
+        specs = [_resolve(n, project) for n in names]
     except ValueError as exc:
         err.print(f"opforge profile --sanitize: {exc}", soft_wrap=True, markup=False, highlight=False)
         return 1
-    if missing:
-        return _say_missing("profile --sanitize", missing, project)
-    missing = _library_missing(project)
-    if missing:
-        return _say_missing("profile --sanitize", missing, project)
+    if (status := _cannot_run("profile --sanitize", missing, project)) is not None:
+        return status
     assert sanitizer is not None
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     targets = [str(project)] if project is not None else [s.name for s in specs]
