@@ -5,7 +5,9 @@
 Everything about the library (sources, flags, CUDA archs) comes from
 ``opforge.builder.library_config``, the JIT route's own definition; this file
 only hands it to setuptools. ``OPFORGE_BUILD_CUDA=0|1``, ``TORCH_CUDA_ARCH_LIST``
-and ``MAX_JOBS`` are honoured.
+and ``MAX_JOBS`` are honoured. The library is on PyTorch's stable ABI: it is
+``opforge/_C.abi3.so``, loads in every torch from 2.10 on, and the wheel is
+tagged ``cp310-abi3`` (one wheel for every Python from 3.10 on).
 
 With build isolation (plain ``pip install .``) pip builds in a fresh
 environment without torch: installing torch there would pull a multi-GB build
@@ -44,6 +46,7 @@ elif torch is None:
     print(message, file=sys.stderr)
     setup()
 else:
-    from opforge.builder.setuptools_ext import BuildExtension, library_extension
+    from opforge.builder.setuptools_ext import BuildExtension, library_extension, wheel_options
 
-    setup(ext_modules=[library_extension(HERE)], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
+    ext = library_extension(HERE)
+    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)}, options=wheel_options(ext))

@@ -30,7 +30,9 @@ import torch
 import opforge
 from opforge.builder import cache_root
 
-LIBRARY = opforge.load()
+# The eager fast path's module too (its first build runs in the background): tests see what users' calls run.
+LIBRARY = opforge.load(wait_fast=True)
+FAST = opforge.fast.module()
 os.environ["OPFORGE_CACHE_DIR"] = str(cache_root())
 # Tests build users' folders in fresh caches; precompiling torch/extension.h for
 # each (755 MB, 60-90 s on 2 cores) would dominate them. The tests of the
@@ -47,12 +49,16 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 def cache_with_library(root: Path) -> Path:
     """A build cache at ``root`` (made, mode 0700) that holds the op library
-    already built for this run: its cache entry is copied in, so a process
-    using this cache loads the library at once instead of building it."""
+    already built for this run, and the fast path's module: their cache
+    entries are copied in, so a process using this cache loads them at once
+    instead of building them."""
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    entry = LIBRARY.path.parent
-    if LIBRARY.route == "jit" and entry.parent == cache_root() and not (root / entry.name).exists():
-        shutil.copytree(entry, root / entry.name)
+    entries = [LIBRARY.path.parent] if LIBRARY.route == "jit" else []
+    if FAST is not None:  # else every process in that cache would build it again, in the background
+        entries.append(Path(FAST.__file__).parent)
+    for entry in entries:
+        if entry.parent == cache_root() and not (root / entry.name).exists():
+            shutil.copytree(entry, root / entry.name)
     return root
 
 

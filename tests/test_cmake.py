@@ -1,6 +1,8 @@
 """The CMake route: CMakeLists.txt builds libopforge_ops.so from the same
-csrc/ops folders as the JIT build, its C++ test passes under ctest, and the
-library gives torch.ops.opforge the same operators when loaded by path.
+csrc/ops folders as the JIT build, on the same stable ABI (the same
+TORCH_TARGET_VERSION, libtorch_cpu its only torch library), its C++ test passes
+under ctest, and the library gives torch.ops.opforge the same operators when
+loaded by path.
 
 One configure + build per module (~25 s on 2 cores, CPU only). The library is
 loaded only in fresh interpreters: this process already holds the JIT-built
@@ -23,7 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from opforge.builder import LIBRARY_TARGET, library_config
 from opforge.builder.prebuilt import explain_load_error
+from opforge.builder.stable import parse_target, target_flag
+from opforge.elf_symbols import read_dynamic_symbols
 
 # One CMake build for the module: slow, and in one worker under pytest-xdist.
 pytestmark = [
@@ -48,7 +53,18 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Torch found the way plain `cmake -S . -B build` finds it: by asking a
     # Python (this one, so the library matches the torch under test).
     t0 = time.perf_counter()
-    _run(["cmake", "-S", str(REPO), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"])
+    _run(
+        [
+            "cmake",
+            "-S",
+            str(REPO),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+        ]
+    )
     t1 = time.perf_counter()
     _run(["cmake", "--build", str(build), f"-j{os.cpu_count() or 2}"])
     t2 = time.perf_counter()
@@ -76,11 +92,40 @@ def _fresh_python(code: str, *, torch_libs_on_path: bool = True) -> subprocess.C
 
 def test_build_produces_the_library(library: Path) -> None:
     assert library.is_file(), f"no {library.name} in {library.parent}: {sorted(p.name for p in library.parent.iterdir())}"
-    data = library.read_bytes()
-    assert data[:4] == b"\x7fELF"
-    # torch's C++ libraries only: libtorch_python would tie it to one Python.
-    assert b"libtorch_python" not in data
-    assert b"libc10.so" in data and b"libtorch_cpu.so" in data
+    assert library.read_bytes()[:4] == b"\x7fELF"
+    # The JIT build's link: libtorch_cpu (the stable C shim) and no other torch
+    # library (libc10, libtorch, libtorch_python would tie it to one torch or
+    # one Python), no OpenMP runtime (the kernels use torch's thread pool), no
+    # shared CUDA runtime.
+    needed = read_dynamic_symbols(library).needed
+    assert [n for n in needed if n.startswith(("libtorch", "libc10"))] == ["libtorch_cpu.so"], needed
+    assert not [n for n in needed if n.startswith(("libgomp", "libomp", "libiomp", "libcudart"))], needed
+
+
+def test_compiled_like_the_jit_build(build_dir: Path) -> None:
+    # The same C++ sources as the JIT build's library, each compiled for the
+    # same stable-ABI target, without OpenMP.
+    commands = json.loads((build_dir / "compile_commands.json").read_text())
+    cpp = {Path(c["file"]).resolve(): c["command"] for c in commands if c["file"].endswith(".cpp")}
+    cpp = {source: command for source, command in cpp.items() if source.is_relative_to(REPO / "csrc")}
+    jit = {s.resolve() for s in library_config(with_cuda=False).sources}
+    assert set(cpp) == jit, f"CMake compiles {sorted(map(str, cpp))}, the JIT build {sorted(map(str, jit))}"
+    flag = target_flag(LIBRARY_TARGET)
+    for source, command in cpp.items():
+        assert flag in command.split(), f"{source.name}: no {flag} in {command}"
+        assert "-fopenmp" not in command, f"{source.name}: {command}"
+
+
+def test_library_is_on_the_stable_abi(library: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OPFORGE_NO_AUTOLOAD="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "opforge", "abi", str(library)], capture_output=True, text=True, check=False, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Its shim calls need no torch newer than the target it was compiled for.
+    found = re.search(r"verdict: stable: loads in every torch >= (\d+)\.(\d+)", proc.stdout)
+    assert found, proc.stdout
+    assert (int(found[1]), int(found[2])) <= parse_target(LIBRARY_TARGET), proc.stdout
 
 
 def test_ctest_passes(build_dir: Path) -> None:
@@ -131,7 +176,7 @@ def test_load_library_gives_the_same_ops(library: Path) -> None:
 
 def test_loading_without_torch_is_explained(library: Path) -> None:
     # ctypes, no `import torch`: the library has no rpath to torch/lib, so the
-    # loader cannot find torch's own libraries; opforge names the cause and fix.
+    # loader cannot find libtorch_cpu; opforge names the cause and fix.
     proc = _fresh_python(
         f"""
         import ctypes, sys
@@ -148,7 +193,7 @@ def test_loading_without_torch_is_explained(library: Path) -> None:
     assert proc.returncode == 0, f"loaded without torch imported: {proc.stdout}{proc.stderr}"
     message = proc.stdout.strip()
     assert re.search(r"lib(c10|torch\w*)\.so: cannot open shared object file", message), message
-    assert "libc10.so" in message, message
+    assert "libtorch_cpu.so" in message, message
     why = explain_load_error(library, message)
     assert "import torch" in why, why
     assert library.name in why, why

@@ -148,13 +148,30 @@ def test_nvcc_and_torch_cuda_versions():
     assert compare_cuda_versions("12.8", "12.8") is None
 
 
-def test_forcing_cuda_with_a_cpu_torch_is_an_error(monkeypatch):
+def test_forcing_cuda_without_nvcc_is_an_error(monkeypatch):
+    import opforge.builder
+
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build of torch, on any machine
+    monkeypatch.setattr(opforge.builder, "cuda_home", lambda: None)
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", "1")
     report = collect()
     [problem] = [p for p in report.problems if p.severity == "error"]
-    assert "OPFORGE_BUILD_CUDA=1" in problem.message and "OPFORGE_BUILD_CUDA" in problem.fix
+    assert "OPFORGE_BUILD_CUDA=1" in problem.message and "nvcc" in problem.message and "OPFORGE_BUILD_CUDA" in problem.fix
     assert report.gpu.build_cuda is None and report.library.key is None
+
+
+def test_forcing_cuda_with_a_cpu_torch_and_nvcc_builds_cuda_kernels(monkeypatch, tmp_path):
+    # The op library is on the stable ABI: a CPU torch builds CUDA kernels that a CUDA torch runs.
+    import opforge.builder
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(opforge.builder, "cuda_home", lambda: tmp_path)
+    monkeypatch.setenv("OPFORGE_BUILD_CUDA", "1")
+    report = collect()
+    assert report.gpu.build_cuda is True
+    assert not [p for p in report.problems if "OPFORGE_BUILD_CUDA" in p.message]
 
 
 def test_build_cuda_that_is_neither_on_nor_off_is_an_error(monkeypatch):
@@ -273,7 +290,7 @@ def test_gpus_with_a_cpu_torch_are_a_warning(monkeypatch):
 def test_gpu_arch_against_the_targets(monkeypatch, arch_list, capability, warned):
     # A 9.0 target is built as 9.0a (opforge.builder.cuda_archs), whose SASS runs on a 9.0 GPU.
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(doctor_probes, "want_cuda", lambda: True)
+    monkeypatch.setattr(doctor_probes, "want_cuda", lambda **_: True)
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
     gpus = [doctor.GpuInfo(0, "NVIDIA GPU", capability, 80.0)]
     monkeypatch.setattr(doctor_probes, "_nvml_gpus", lambda: (gpus, "580.65", "13.0"))

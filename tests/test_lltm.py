@@ -176,7 +176,7 @@ def test_errors_name_the_op_and_the_value(device):
     x, w, b, h, c = make_cell(4, 5, 3, torch.float32, dev, generator(dev, 0))
     with pytest.raises(RuntimeError, match=r"^opforge::lltm_forward: weights must have shape .* = \[9, 8\], got \[9, 7\]"):
         opforge.lltm_forward(x, w[:, :7], b, h, c)
-    with pytest.raises(TypeError, match=r"^opforge::lltm_forward: input must be float32, float16, bfloat16 or float64, got torch\.int64"):
+    with pytest.raises(ValueError, match=r"^opforge::lltm_forward: input must be float32, float16, bfloat16 or float64, got torch\.int64"):
         opforge.lltm_forward(x.long(), w, b, h, c)
     with pytest.raises(RuntimeError, match=r"^opforge::lltm_forward: input must be 2-D \[batch, input_features\], got shape \[4, 5, 1\]"):
         opforge.lltm_forward(x[..., None], w, b, h, c)

@@ -1,14 +1,19 @@
 """The ahead-of-time route: `pip install` builds opforge._C; the import loads it
-when it fits (torch, CUDA, Python, sources, GPU archs), else builds by JIT."""
+when it fits, else builds by JIT. A stable-ABI library (opforge's own) fits
+every torch from the one it targets on, any CUDA and any Python; a library of
+the older kind only the torch, CUDA and Python it was built for. Either must
+come from the sources as they are and cover the GPUs' archs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -23,8 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def fake_prebuilt(tmp_path, monkeypatch) -> Path:
-    """A stand-in `_C` library with a record that fits this process."""
-    so = tmp_path / "_C.cpython-test.so"
+    """A stand-in stable `_C` library with a record that fits this process."""
+    so = tmp_path / "_C.abi3.so"
     so.write_bytes(b"\x7fELF not really")
     monkeypatch.setattr(pb, "prebuilt_path", lambda: so)
     monkeypatch.setattr(pb, "_gpu_capabilities", lambda: set())
@@ -37,10 +42,25 @@ def _write_record(so: Path, record: dict) -> None:
     so.with_name("_C.build.json").write_text(json.dumps(record))
 
 
+def _one_torch_record() -> dict:
+    """The build record of a library for this torch, CUDA and Python alone (not on the stable ABI)."""
+    return build_record(dataclasses.replace(library_config(with_cuda=False), stable=""))
+
+
+def test_stable_record_names_its_target_not_this_python():
+    record = build_record(library_config(with_cuda=False))
+    assert record["stable"] == "2.10" and record["format"] == 2
+    assert record["built_with_torch"] == torch.__version__  # for information: no rule reads it
+    assert not {"torch", "cuda", "python"} & set(record)
+    old = _one_torch_record()
+    assert "stable" not in old and old["format"] == 1
+    assert (old["torch"], old["cuda"], old["python"]) == (torch.__version__, torch.version.cuda, sys.implementation.cache_tag)
+
+
 def test_fitting_prebuilt_is_chosen(fake_prebuilt):
     so, why = pb.choose_prebuilt()
     assert so == fake_prebuilt
-    assert "CPU kernels only" in why and torch.__version__ in why
+    assert "CPU kernels only" in why and "stable ABI: torch 2.10 and later" in why and torch.__version__ in why
 
 
 def test_no_prebuilt_means_jit(fake_prebuilt):
@@ -49,14 +69,71 @@ def test_no_prebuilt_means_jit(fake_prebuilt):
     assert so is None and "--no-build-isolation" in why
 
 
-@pytest.mark.parametrize(("field", "value"), [("torch", "1.0.0"), ("cuda", "9.9"), ("python", "cpython-27")])
-def test_prebuilt_for_another_torch_cuda_or_python_is_not_loaded(fake_prebuilt, field, value):
+@pytest.mark.parametrize("version", ["2.10.0", "2.10.0a0+git1234567", "2.11.1+cu128", "2.99.0", "3.0.0"])
+def test_stable_prebuilt_fits_every_torch_from_its_target_on(fake_prebuilt, monkeypatch, version):
+    monkeypatch.setattr(torch, "__version__", version)
+    so, why = pb.choose_prebuilt()
+    assert so == fake_prebuilt, why
+    assert f"this is {version}" in why
+
+
+@pytest.mark.parametrize("version", ["2.9.1", "2.9.0+cu126", "1.13.1"])
+def test_stable_prebuilt_refuses_a_torch_below_its_target(fake_prebuilt, monkeypatch, version):
+    monkeypatch.setattr(torch, "__version__", version)
+    so, why = pb.choose_prebuilt()
+    assert so is None
+    assert why == f"the prebuilt {fake_prebuilt.name} is on the stable ABI of torch 2.10 and later, this is torch {version}"
+
+
+def test_stable_prebuilt_fits_any_cuda_and_any_python(fake_prebuilt, monkeypatch):
     record = build_record(library_config(with_cuda=False))
+    # Fields of the older kind of record, which a stable one does not read.
+    record.update(torch="1.0.0", cuda="9.9", python="cpython-27")
+    _write_record(fake_prebuilt, record)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(sys.implementation, "cache_tag", "cpython-399")
+    so, why = pb.choose_prebuilt()
+    assert so == fake_prebuilt, why
+
+
+@pytest.mark.parametrize("target", ["banana", "2", "2.9"])
+def test_stable_record_with_no_usable_target_is_not_loaded(fake_prebuilt, target):
+    record = build_record(library_config(with_cuda=False))
+    record["stable"] = target
+    _write_record(fake_prebuilt, record)
+    so, why = pb.choose_prebuilt()
+    assert so is None and f"names no torch version it targets (stable: {target!r})" in why
+
+
+def test_prebuilt_of_one_torch_fits_that_torch(fake_prebuilt):
+    _write_record(fake_prebuilt, _one_torch_record())
+    so, why = pb.choose_prebuilt()
+    assert so == fake_prebuilt, why
+    assert why == f"prebuilt {fake_prebuilt.name} (torch {torch.__version__}, CPU kernels only)"
+
+
+@pytest.mark.parametrize(("field", "value"), [("torch", "1.0.0"), ("torch", "2.99.0"), ("cuda", "9.9"), ("python", "cpython-27")])
+def test_prebuilt_of_one_torch_for_another_torch_cuda_or_python_is_not_loaded(fake_prebuilt, field, value):
+    record = _one_torch_record()
     record[field] = value
     _write_record(fake_prebuilt, record)
     so, why = pb.choose_prebuilt()
     assert so is None
     assert f"built for {field} {value}" in why
+
+
+def test_prebuilt_path_prefers_the_stable_library(tmp_path, monkeypatch):
+    import importlib.machinery
+
+    package = tmp_path / "opforge"
+    (package / "builder").mkdir(parents=True)
+    monkeypatch.setattr(pb, "__file__", str(package / "builder" / "prebuilt.py"))
+    stable, one_python = package / "_C.abi3.so", package / f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    assert pb.prebuilt_path() == stable  # neither: where pip install puts opforge's own now
+    one_python.write_bytes(b"")
+    assert pb.prebuilt_path() == one_python
+    stable.write_bytes(b"")
+    assert pb.prebuilt_path() == stable
 
 
 def test_prebuilt_from_other_sources_is_not_loaded(fake_prebuilt):
@@ -129,14 +206,24 @@ def test_doctor_names_the_route(fake_prebuilt):
 
 
 def test_setup_extension_comes_from_the_library_config():
-    from opforge.builder.setuptools_ext import library_extension
+    from opforge.builder.setuptools_ext import library_extension, wheel_options
 
     ext = library_extension(REPO)
     cfg = library_config()
-    assert ext.name == "opforge._C"
+    assert ext.name == "opforge._C" and ext.py_limited_api
     assert sorted(ext.sources) == sorted(os.path.relpath(s, REPO) for s in cfg.sources)
     assert all(not os.path.isabs(s) for s in ext.sources)
-    assert ext.extra_compile_args["cxx"] == list(cfg.cflags)
+    assert ext._opforge_config == cfg  # its flags are the config's: opforge's stable route builds it
+    assert wheel_options(ext) == {"bdist_wheel": {"py_limited_api": "cp310"}}
+
+
+def test_setup_extension_of_one_torch_is_torchs():
+    from opforge.builder.setuptools_ext import extension, wheel_options
+
+    cfg = dataclasses.replace(library_config(with_cuda=False), stable="")
+    ext = extension(cfg, "opforge._C", REPO)
+    assert not ext.py_limited_api and ext.extra_compile_args["cxx"] == list(cfg.cflags)
+    assert wheel_options(ext) == {}
 
 
 def _copy_project(dest: Path) -> Path:
@@ -170,6 +257,11 @@ def test_wheel_installs_and_passes_the_cpu_tests_in_a_fresh_venv(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (wheel,) = wheels.glob("opforge-*.whl")
     assert "opforge: building opforge._C (" in res.stderr + res.stdout
+    # On the stable ABI: one wheel for every Python from 3.10 on, its library for every torch from 2.10 on.
+    assert wheel.name.endswith("-cp310-abi3-linux_x86_64.whl"), wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "opforge/_C.abi3.so" in names and "opforge/_C.build.json" in names, [n for n in names if "_C" in n]
+    assert not [n for n in names if n.startswith("opforge/_C.cpython")]
 
     # torch, numpy, pytest and pip from this environment, behind the venv's own
     # packages, through a .pth file of paths: reinstalling torch took over a
@@ -208,7 +300,7 @@ def test_wheel_installs_and_passes_the_cpu_tests_in_a_fresh_venv(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     where, route = res.stdout.splitlines()[:2]
-    assert where.startswith(str(venv)) and route.startswith(f"prebuilt {venv}")
+    assert where.startswith(str(venv)) and route.startswith(f"prebuilt {venv}") and route.endswith("/opforge/_C.abi3.so"), route
 
     tests = [str(project / "tests" / t) for t in ("test_ops.py", "test_layout.py")]
     res = subprocess.run(
@@ -270,17 +362,17 @@ def test_second_copy_of_the_op_library_is_refused_not_aborted(tmp_path):
     assert f"set OPFORGE_LIBRARY={copy} before `import opforge`" in out, out
 
 
-def test_a_library_already_imported_as_a_module_loads_again(tmp_path):
-    """The same file imported as a Python extension first (as examples/gemm does): dlopen hands
-    back that copy, nothing registers twice, so it is no clash."""
+def test_a_library_already_mapped_by_another_loader_loads_again(tmp_path):
+    """The same file dlopened first outside torch.ops (ctypes here; a Python extension import,
+    as examples/gemm does, maps it alike): dlopen hands back that copy, nothing registers
+    twice, so it is no clash."""
     from .conftest import LIBRARY
 
-    copy = tmp_path / LIBRARY.path.name  # its PyInit_ function is named after the file
+    copy = tmp_path / LIBRARY.path.name
     shutil.copyfile(LIBRARY.path, copy)
     code = (
-        "import importlib.util, sys, torch, opforge\n"
-        "spec = importlib.util.spec_from_file_location(sys.argv[1].rsplit('/', 1)[1].split('.')[0], sys.argv[1])\n"
-        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "import ctypes, sys, torch, opforge\n"
+        "ctypes.CDLL(sys.argv[1])\n"
         "assert not torch.ops.loaded_libraries and torch.ops.opforge.add(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]\n"
     )
     res = _python(code + _LOAD_SECOND, str(copy), env={"OPFORGE_NO_AUTOLOAD": "1"})

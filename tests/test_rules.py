@@ -46,7 +46,7 @@ def test_a_pattern_field_may_be_a_regex():
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, torch.bool])
 def test_a_failed_check_raises_the_rules_error_type_and_words(dtype):
-    with pytest.raises(TypeError, match=rules.FLOATING.pattern("opforge::x", name="t", got=dtype)):
+    with pytest.raises(ValueError, match=rules.FLOATING.pattern("opforge::x", name="t", got=dtype)):
         rules.expect_floating("opforge::x", "t", torch.ones(3).to(dtype))
 
 

@@ -18,9 +18,14 @@
 // either way, only the cost differs. Operators that write an argument are not
 // offered (their version counters are bumped above autograd).
 //
-// The same file is the library's Python module init when the build names one
-// (TORCH_EXTENSION_NAME: the JIT and setuptools routes); the CMake build of
-// the library leaves this file out.
+// The module also holds the autograd kernel of the operators that write an
+// argument (writes_arguments): it needs autograd's state (grad mode, forward
+// AD tangents, version counters), which the stable ABI of the operators'
+// own library does not reach.
+//
+// A Python module of its own, built for one torch (it uses torch's private
+// autograd headers): the op library stays on the stable ABI, and this module
+// is optional (opforge.fast).
 #ifdef TORCH_EXTENSION_NAME
 
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -33,6 +38,10 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <stdexcept>
 
 #include <string>
 #include <type_traits>
@@ -299,11 +308,18 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
     for (const auto& v : stack) needs_grad = needs_grad || (v.isTensor() && v.toTensor().requires_grad());
   }
   const torch::jit::Stack inputs = needs_grad ? stack : torch::jit::Stack();
-  {
+  try {
     // A CPU kernel over a large tensor runs for a while: other Python threads go on meanwhile.
     pybind11::gil_scoped_release no_gil;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     f->op->callBoxed(&stack);
+  } catch (const std::invalid_argument& e) {
+    // A stable-ABI kernel's ValueError, as torch.ops (pybind11) raises it.
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  } catch (const std::out_of_range& e) {
+    PyErr_SetString(PyExc_IndexError, e.what());
+    return nullptr;
   }
   if (needs_grad) return record(f, args, n, inputs, std::move(stack[0]).toTensor());
   if (f->returns == 0) Py_RETURN_NONE;
@@ -399,8 +415,64 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   END_HANDLE_TH_ERRORS
 }
 
+// The autograd kernel of an operator that writes an argument (`Tensor(a!)`),
+// boxed so that one serves every such schema; it does what torch's own out=
+// ops do. With gradients on, no argument may require grad: the op records no
+// graph, so the gradient would silently miss the write (or flow through an
+// output that was overwritten). Then it runs the kernel below autograd and
+// bumps the version of every tensor it wrote, so that a backward that saved
+// one of them refuses to run on the new values. opforge.autograd has the same
+// rules in Python, for when this module is not there.
+void writes_arguments_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& args = schema.arguments();
+  const size_t first = stack->size() - args.size();
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& value = (*stack)[first + i];
+    if (!value.isTensor()) continue;
+    const at::Tensor& t = value.toTensor();
+    if (!t.defined()) continue;
+    const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
+    TORCH_CHECK(!(c10::GradMode::is_enabled() && t.requires_grad()), schema.name(), ": ", args[i].name(),
+                " requires grad, but this operator ", writes ? "writes into it" : "writes into an argument",
+                " and has no derivative (as torch's out= functions). Call it under "
+                "torch.no_grad(), on detached tensors, or use the functional form");
+    TORCH_CHECK_NOT_IMPLEMENTED(!t._fw_grad(/*level=*/0).defined(), schema.name(), ": ", args[i].name(),
+                                " has a tangent, but forward-mode AD is not supported by an operator that "
+                                "writes an argument (as torch's out= functions)");
+    if (writes) written.push_back(t);
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
+}
+
+// writes_arguments(qualname): registers the kernel above as the operator's
+// Autograd kernel, for as long as the process lives.
+PyObject* register_writes_arguments(PyObject* /*module*/, PyObject* arg) {
+  HANDLE_TH_ERRORS
+  const char* qualname = PyUnicode_AsUTF8(arg);
+  if (qualname == nullptr) return nullptr;
+  const std::string q(qualname);
+  const auto sep = q.find("::");
+  TORCH_CHECK(sep != std::string::npos, "opforge: writes_arguments takes ns::name, got ", q);
+  // Libraries hold their registrations; kept for the process's lifetime.
+  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  libraries.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, q.substr(0, sep),
+                                                       c10::DispatchKey::Autograd, __FILE__, __LINE__));
+  libraries.back()->impl(q.substr(sep + 2).c_str(),
+                         torch::CppFunction::makeFromBoxedFunction<&writes_arguments_autograd>());
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"fast_op", make_fast_op, METH_O, "fast_op(qualname) -> a callable for the eager fast path, or None"},
+    {"writes_arguments", register_writes_arguments, METH_O,
+     "writes_arguments(qualname): the autograd kernel of an operator that writes an argument"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -2,6 +2,14 @@
 gemm.cpp, and its CUDA kernels in a CUDA build) plus this folder's pybind11
 binding, with the flags opforge's own build of that folder uses.
 
+gemm.cpp is on PyTorch's stable ABI and the binding on ATen, so the module is
+built as a library for this torch (torch's extension build, libtorch_python
+linked), not as a stable one. Every source gets the same flags, so two stay
+out: -fopenmp, which gemm.cpp does not need (its CPU kernel runs on torch's
+thread pool through the shim), and -DTORCH_TARGET_VERSION, with which torch's
+ATen and Python headers, the binding's, compile to nothing. gemm.cpp gets its
+target from opforge/stable/common.h, which defines the library's.
+
 ``python gemm_build.py csrc|cuda-flags`` prints what CMakeLists.txt needs:
 where the sources are, and the nvcc flags (targets included) for this machine.
 """
@@ -25,11 +33,26 @@ def gemm_folder() -> Path:
     return csrc_dir() / "ops" / "gemm"
 
 
+def shared_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``flags`` less those that do not fit both gemm.cpp and the binding (see above)."""
+    return tuple(f for f in flags if f != "-fopenmp" and not f.startswith("-DTORCH_TARGET_VERSION"))
+
+
 def gemm_config(name: str, *, with_cuda: bool) -> BuildConfig:
     """folder_config of csrc/ops/gemm (its .cpp and .cu files, opforge's
-    headers, -O3 -fopenmp, the GPU targets), plus the binding, as a module."""
-    cfg = folder_config(gemm_folder(), with_cuda=with_cuda)
-    return dataclasses.replace(cfg, name=name, sources=(*cfg.sources, BINDING), python_module=True)
+    headers, -O3, the GPU targets), plus the binding, as a module for this torch."""
+    cfg = folder_config(gemm_folder(), with_cuda=with_cuda, stable="")
+    # ATen's current-stream helper serves the ATen helpers' launchers; the
+    # stable ones ask the shim for the stream.
+    sources = tuple(s for s in cfg.sources if s.name != "cuda_stream.cpp")
+    return dataclasses.replace(
+        cfg,
+        name=name,
+        sources=(*sources, BINDING),
+        cflags=shared_flags(cfg.cflags),
+        ldflags=shared_flags(cfg.ldflags),
+        python_module=True,
+    )
 
 
 def setup_dir() -> Path:
@@ -44,6 +67,6 @@ if __name__ == "__main__":
     if what == "csrc":
         print(csrc_dir())
     elif what == "cuda-flags":
-        print(";".join(folder_config(gemm_folder(), with_cuda=True).cuda_cflags))
+        print(";".join(gemm_config("gemm_cmake", with_cuda=True).cuda_cflags))
     else:
         sys.exit("usage: python gemm_build.py csrc|cuda-flags")

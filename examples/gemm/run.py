@@ -1,7 +1,7 @@
 """The GEMM tutorial, runnable: one GEMM, opforge's (csrc/ops/gemm), built three ways
 through opforge's routes (JIT, setuptools, CMake). Each build is one library
 that is both a pybind11 module (``module.gemm(a, b)``, the tutorial's binding) and
-a TORCH_LIBRARY library (``torch.ops.opforge.gemm`` after
+an operator library (``torch.ops.opforge.gemm`` after
 ``torch.ops.load_library``), and each is checked against ``torch.matmul``.
 
     python examples/gemm/run.py                 # the GPU if torch sees one, else the CPU
@@ -177,6 +177,14 @@ def run_checks(module: types.ModuleType, device: torch.device) -> None:
         except RuntimeError as exc:
             message = str(exc).splitlines()[0]
         check(message.startswith("opforge::gemm: a [M, K] and b [K, N] must agree in K"), f"{name} refuses mismatched shapes ({message})")
+    # A dtype error is a ValueError, the stable ABI's nearest to torch's TypeError.
+    for name, fn in (("module.gemm", module.gemm), ("torch.ops.opforge.gemm", op)):
+        try:
+            fn(a.int(), b.int())
+            message = "no error"
+        except (ValueError, RuntimeError) as exc:
+            message = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        check(message.startswith("ValueError: opforge::gemm: a must be float32"), f"{name} refuses int32 ({message})")
 
     # Autograd: the pybind11 function is outside it (the tutorial's limit) ...
     a, b = (t.detach().requires_grad_() for t in make_operands(37, 29, 45, torch.float32, device, gen))
@@ -221,7 +229,7 @@ def run_route(route: str, device: torch.device) -> int:
         return SKIPPED
     module, so, how = built
     print(f"built {so.name} ({how})")
-    # The tutorial's last step: the same file as a TORCH_LIBRARY library. Already
+    # The tutorial's last step: the same file as an operator library. Already
     # mapped (the import loaded it), so its registrations ran once.
     import opforge
 

@@ -9,9 +9,11 @@ inputs and ``torch.func.jvp`` returns zeros. Here an operator without a
 ``backward`` raises when its gradient is asked for, and one without a ``jvp``
 raises when it is given a tangent, each naming the operator.
 
-Operators that write an argument (out= forms) keep their C++ kernel
-(``OPFORGE_REGISTER_WRITES_ARGUMENTS``), which refuses both as torch's own
-out= functions do.
+Operators that write an argument (out= forms) refuse both, as torch's own
+out= functions do, and bump the version of what they wrote: through the C++
+kernel of the fast-path module (opforge.fast) when it is there, else through
+``_writes_arguments`` here, with the same words. An operator whose library
+registered such a kernel itself (``OPFORGE_REGISTER_WRITES_ARGUMENTS``) keeps it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _LIBRARIES: dict[str, torch.library.Library] = {}
 def register(spec: OpSpec) -> None:
     """Registers ``spec``'s autograd kernel (the Autograd dispatch key)."""
     if spec.mutated_args:
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(spec.qualname, "Autograd"):
+            _register_writes_arguments(spec)
         return
     backward = spec.backward if spec.backward is not None else _no_derivative(spec)
     reverse = make_autograd_impl(spec.overload, Info(backward, spec.setup_context if spec.backward is not None else None))
@@ -47,10 +51,52 @@ def register(spec: OpSpec) -> None:
                 return _forward_mode(spec, reverse, keyset, args, kwargs, tangents, names)
         return reverse(keyset, *args, **kwargs)
 
-    library = _LIBRARIES.get(spec.namespace)
+    _library(spec.namespace).impl(spec.name, kernel, "Autograd", with_keyset=True)
+
+
+def _register_writes_arguments(spec: OpSpec) -> None:
+    from opforge import fast
+
+    module = fast.module()
+    if module is not None:
+        module.writes_arguments(spec.qualname)
+        return
+    arguments = spec.schema.arguments
+    written = set(spec.mutated_args)
+
+    def kernel(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        values = [*args, *(kwargs[a.name] for a in arguments[len(args) :] if a.name in kwargs)]
+        grad_on = torch.is_grad_enabled()
+        for i, value in enumerate(values):
+            if not isinstance(value, torch.Tensor):
+                continue
+            name = arguments[i].name
+            if grad_on and value.requires_grad:
+                what = "writes into it" if i in written else "writes into an argument"
+                raise RuntimeError(
+                    f"{spec.qualname}: {name} requires grad, but this operator {what} and has no derivative (as torch's "
+                    "out= functions). Call it under torch.no_grad(), on detached tensors, or use the functional form"
+                )
+            if fwad._current_level >= 0 and fwad.unpack_dual(value).tangent is not None:
+                raise NotImplementedError(
+                    f"{spec.qualname}: {name} has a tangent, but forward-mode AD is not supported by an operator that "
+                    "writes an argument (as torch's out= functions)"
+                )
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = spec.overload.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, *args, **kwargs)
+        for i in written:
+            if i < len(values) and isinstance(values[i], torch.Tensor):
+                torch.autograd.graph.increment_version(values[i])
+        return out
+
+    _library(spec.namespace).impl(spec.name, kernel, "Autograd", with_keyset=True)
+
+
+def _library(namespace: str) -> torch.library.Library:
+    library = _LIBRARIES.get(namespace)
     if library is None:
-        library = _LIBRARIES[spec.namespace] = torch.library.Library(spec.namespace, "FRAGMENT")
-    library.impl(spec.name, kernel, "Autograd", with_keyset=True)
+        library = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    return library
 
 
 def _no_derivative(spec: OpSpec) -> Callable[..., Any]:

@@ -272,10 +272,11 @@ def probe_gpus(problems: list[Problem]) -> GpuSection:
         flag = None
     else:
         try:
-            sec.build_cuda = want_cuda()
+            # The op library is on the stable ABI: its CUDA kernels need nvcc, whatever torch's CUDA.
+            sec.build_cuda = want_cuda(stable=True)
         except BuildError as exc:
             problems.append(
-                Problem("error", str(exc).removeprefix("opforge: "), "unset OPFORGE_BUILD_CUDA, or install a CUDA build of torch")
+                Problem("error", str(exc).removeprefix("opforge: "), "unset OPFORGE_BUILD_CUDA, or install the CUDA toolkit (nvcc)")
             )
     if flag is not None:
         sec.build_cuda_reason = f"OPFORGE_BUILD_CUDA={(sec.build_cuda_env or '').strip()}"

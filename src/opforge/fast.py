@@ -1,44 +1,132 @@
-"""The eager fast path (csrc/opforge/fast_python.cpp): the op library is also a
-Python module whose ``fast_op(qualname)`` returns a callable that runs an
+"""The eager fast path (csrc/opforge/fast_python.cpp): a Python module, built
+for this torch, whose ``fast_op(qualname)`` returns a callable that runs an
 operator's kernel without torch.ops's generic argument parsing and without the
 Python autograd kernel, when no gradient is needed. It returns NotImplemented
 when it may not (a tensor needs a gradient, a tensor subclass, keyword
 arguments, a __torch_function__ mode): the public function then takes the full
-path. ``OPFORGE_FAST=0`` turns it off."""
+path. The same module holds the C++ autograd kernel of the operators that
+write an argument (``writes_arguments``).
+
+The op library itself is on PyTorch's stable ABI and loads in any torch from
+its target on; this module uses torch's private autograd headers, so it is
+built per torch (in the JIT cache, beside the library) and is optional: its
+first build runs in the background, and until it is there, or when it cannot
+be built (opforge says so once), every operator takes the torch.ops path,
+with the same answers. ``OPFORGE_FAST=0`` turns it off.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
+import threading
 import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 _module: types.ModuleType | None = None
+#: Why the fast path is off, in words; empty while it is on (or not yet tried).
+why_off = ""
+_building: threading.Thread | None = None
+_lock = threading.Lock()
+_listeners: list[Callable[[types.ModuleType], None]] = []
 
 
-def attach(library: Path) -> types.ModuleType | None:
-    """Imports the op library (already loaded into torch.ops) as the fast-path
-    module; None for a library built without it (CMake) or when disabled."""
+def _wanted() -> bool:
+    return os.environ.get("OPFORGE_FAST", "1") != "0"
+
+
+def _cached() -> bool:
+    from opforge.builder import fast_config
+    from opforge.builder.jit import cached_path
+
+    return cached_path(fast_config()) is not None
+
+
+def build_in_background() -> None:
+    """Builds the module in a thread when the cache does not have it yet (the
+    compiler is a subprocess): it attaches itself when done, without holding
+    up ``import opforge``. The operators run through torch.ops meanwhile, with
+    the same results."""
+    global _building
+    if _module is not None or _building is not None or not _wanted() or _cached():
+        return
+
+    def build() -> None:
+        from opforge.builder import BuildError, build_library, fast_config
+
+        try:
+            build_library(fast_config(), quiet=True)
+        except (BuildError, OSError) as exc:
+            _off(exc)
+            return
+        _load(quiet=True)
+
+    _building = threading.Thread(target=build, name="opforge-fast-build", daemon=True)
+    _building.start()
+
+
+def _off(exc: BaseException) -> None:
+    global why_off
+    why_off = str(exc).splitlines()[0]
+    print(
+        f"opforge: the eager fast path is off ({why_off}); every operator runs through torch.ops, "
+        "with the same results and a few microseconds more per call",
+        file=sys.stderr,
+    )
+
+
+def _load(*, quiet: bool) -> types.ModuleType | None:
     global _module
-    if os.environ.get("OPFORGE_FAST", "1") == "0":
-        return None
-    # The module's name is the file's: TORCH_EXTENSION_NAME, as the build named it.
-    name = library.name.split(".", 1)[0]
-    full = f"opforge.{name}" if name == "_C" else name
-    spec = importlib.util.spec_from_file_location(full, library)
-    if spec is None or spec.loader is None:
-        return None
+    from opforge.builder import BuildError, fast_config, load_module
+
     try:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except ImportError:
+        module, _ = load_module(fast_config(), quiet=quiet)
+    except (BuildError, OSError, ImportError) as exc:
+        _off(exc)
         return None
-    sys.modules[full] = module
-    _module = module
+    with _lock:
+        _module = module
+        listeners = list(_listeners)
+    for listener in listeners:
+        listener(module)
     return module
+
+
+def attach(*, wait: bool = False, quiet: bool = False) -> types.ModuleType | None:
+    """The fast-path module: imported now when the cache has it (built now
+    when no background build runs); None while a background build is still
+    running (``wait``: until it is done), when turned off, or when it cannot
+    be built (the reason in ``why_off``)."""
+    global why_off
+    if _module is not None:
+        return _module
+    if not _wanted():
+        why_off = "OPFORGE_FAST=0"
+        return None
+    if _building is not None:
+        if wait and _building.is_alive():
+            if not quiet:
+                print("opforge: waiting for the eager fast path's build (once per torch version)...", file=sys.stderr, flush=True)
+            _building.join()
+        return _module
+    return _load(quiet=quiet)
+
+
+def on_attach(listener: Callable[[types.ModuleType], None]) -> None:
+    """Calls ``listener(module)`` once the module is there: now, or when a
+    background build finishes."""
+    with _lock:
+        module = _module
+        if module is None:
+            _listeners.append(listener)
+    if module is not None:
+        listener(module)
+
+
+def module() -> types.ModuleType | None:
+    """The fast-path module when attached, else None."""
+    return _module
 
 
 class Context:
@@ -59,4 +147,4 @@ def fast_op(qualname: str) -> Callable[..., Any] | None:
     return _module.fast_op(qualname)
 
 
-__all__ = ["attach", "fast_op"]
+__all__ = ["attach", "build_in_background", "fast_op", "module", "on_attach", "why_off"]

@@ -208,14 +208,22 @@ def owner_has_autograd(op: torch._ops.OpOverload) -> bool:
 def _public_function(spec: OpSpec) -> Callable[..., Any]:
     """``opforge.<name>``: the eager fast path when it applies (opforge.fast),
     else the dispatcher (torch.ops), which also serves torch.compile and export."""
-    from opforge.fast import Context, fast_op
+    from opforge import fast as fast_path
+    from opforge.fast import Context
 
     op = spec.overload
-    # An owner's operator is called through torch.ops (or the owner's own
-    # function over it), so that is what `opforge bench` times for it.
-    fast = None if spec.owner_registered else fast_op(spec.qualname)
-    if fast is not None and spec.backward is not None and spec.setup_context is not None:
-        fast.set_autograd(spec.setup_context, spec.backward, Context)
+    # The fast-path callable, set when the module attaches (now, or when its
+    # background build finishes). An owner's operator is called through
+    # torch.ops (or the owner's own function over it), so that is what
+    # `opforge bench` times for it.
+    slot: list[Any] = [None]
+
+    def bind(module: Any) -> None:
+        fast = module.fast_op(spec.qualname)
+        if fast is not None and spec.backward is not None and spec.setup_context is not None:
+            fast.set_autograd(spec.setup_context, spec.backward, Context)
+        slot[0] = fast
+        fn._opforge_fast = fast  # type: ignore[attr-defined]
 
     def dispatch(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -227,22 +235,22 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
             _check_tensor_arguments(spec, args, kwargs)
             raise
 
-    if fast is None:
-        fn = dispatch
-    else:
-        # Dynamo folds is_dynamo_compiling() to True while tracing (graphs and
-        # torch.export get the dispatcher op); eagerly it is a bare return, where
-        # is_compiling() costs 8-10 us on a cold call (2^16-element adds on the CPU).
-        is_compiling = torch.compiler.is_dynamo_compiling
+    # Dynamo folds is_dynamo_compiling() to True while tracing (graphs and
+    # torch.export get the dispatcher op); eagerly it is a bare return, where
+    # is_compiling() costs 8-10 us on a cold call (2^16-element adds on the CPU).
+    is_compiling = torch.compiler.is_dynamo_compiling
 
-        def fn(*args: Any, **kwargs: Any) -> Any:
-            if not kwargs and not is_compiling():
-                out = fast(*args)
-                if out is not NotImplemented:
-                    return out
-            return dispatch(*args, **kwargs)
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        fast = slot[0]
+        if fast is not None and not kwargs and not is_compiling():
+            out = fast(*args)
+            if out is not NotImplemented:
+                return out
+        return dispatch(*args, **kwargs)
 
-    fn._opforge_fast = fast  # type: ignore[attr-defined]
+    fn._opforge_fast = None  # type: ignore[attr-defined]
+    if not spec.owner_registered:
+        fast_path.on_attach(bind)
 
     fn.__name__ = fn.__qualname__ = spec.name
     fn.__module__ = spec.namespace

@@ -2,9 +2,9 @@
 // dispatcher operator, with a functional form and the tutorial's out= form.
 
 #include "add_kernel.h"
-#include "opforge/common.h"
-#include "opforge/cpu_vec.h"
-#include "opforge/elementwise.h"
+#include "opforge/stable/common.h"
+#include "opforge/stable/cpu_vec.h"
+#include "opforge/stable/elementwise.h"
 
 namespace opforge {
 namespace {
@@ -27,59 +27,58 @@ struct AddOp {
 };
 
 // out = a + b over tensors of one dtype, device, size and dense layout.
-void add_into(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+void add_into(const char* op, const Tensor& out, const Tensor& a, const Tensor& b) {
   const int64_t n = out.numel();
   run_kernel(
       op, out,
       [&](auto stream) {
-        return add_cuda(to_dtype(out.scalar_type()), out.data_ptr(), a.const_data_ptr(),
+        return add_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), a.const_data_ptr(),
                         b.const_data_ptr(), n, stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::add", [&] {
           cpu::for_each_element<scalar_t>(
               AddOp{}, n, {a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>()},
-              {out.data_ptr<scalar_t>()});
+              {out.mutable_data_ptr<scalar_t>()});
         });
       });
 }
 
-void check_inputs(const char* op, const at::Tensor& a, const at::Tensor& b) {
+void check_inputs(const char* op, const Tensor& a, const Tensor& b) {
   check_floating(op, "a", a);
   check_same(op, "a", a, "b", b);
 }
 
-at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
+Tensor add(const Tensor& a, const Tensor& b) {
   check_inputs(kAdd, a, b);
-  const DenseLayout layout({a, b});
-  at::Tensor out = layout.new_output(a.options());
+  const DenseLayout layout(a, b);
+  Tensor out = layout.new_output(a);
   add_into(kAdd, out, layout.input(a), layout.input(b));
   return out;
 }
 
-void add_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+void add_out(const Tensor& a, const Tensor& b, Tensor& out) {
   check_inputs(kAddOut, a, b);
   check_out(kAddOut, out, a, {{"a", &a}, {"b", &b}});
   into_out(
       out,
-      [](const at::Tensor& dst, const at::Tensor& x, const at::Tensor& y) {
+      [](const Tensor& dst, const Tensor& x, const Tensor& y) {
         add_into(kAddOut, dst, x, y);
       },
       a, b);
 }
 
-void register_add_kernels(torch::Library& m) {
-  m.impl("add", &add);
-  m.impl("add_out", &add_out);
+void register_add_kernels(Library& m) {
+  m.impl("add", TORCH_BOX(&add));
+  m.impl("add_out", TORCH_BOX(&add_out));
 }
 
 }  // namespace
 }  // namespace opforge
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def("add(Tensor a, Tensor b) -> Tensor");
   m.def("add_out(Tensor a, Tensor b, Tensor(a!) out) -> ()");
 }
 
 OPFORGE_REGISTER_KERNELS(opforge, opforge::register_add_kernels)
-OPFORGE_REGISTER_WRITES_ARGUMENTS(opforge, "add_out")

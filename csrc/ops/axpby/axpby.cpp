@@ -5,9 +5,9 @@
 #include <tuple>
 
 #include "axpby_kernel.h"
-#include "opforge/common.h"
-#include "opforge/cpu_vec.h"
-#include "opforge/elementwise.h"
+#include "opforge/stable/common.h"
+#include "opforge/stable/cpu_vec.h"
+#include "opforge/stable/elementwise.h"
 
 namespace opforge {
 namespace {
@@ -50,67 +50,67 @@ struct AxpbyBackwardOp {
 #endif
 };
 
-at::Tensor axpby(const at::Tensor& x, const at::Tensor& y, double alpha, double beta) {
+Tensor axpby(const Tensor& x, const Tensor& y, double alpha, double beta) {
   check_floating(kAxpby, "x", x);
   check_same(kAxpby, "x", x, "y", y);
-  const DenseLayout layout({x, y});
-  const at::Tensor xd = layout.input(x);
-  const at::Tensor yd = layout.input(y);
-  at::Tensor out = layout.new_output(x.options());
+  const DenseLayout layout(x, y);
+  const Tensor xd = layout.input(x);
+  const Tensor yd = layout.input(y);
+  Tensor out = layout.new_output(x);
   const int64_t n = out.numel();
   run_kernel(
       kAxpby, out,
       [&](auto stream) {
-        return axpby_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xd.const_data_ptr(),
+        return axpby_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), xd.const_data_ptr(),
                           yd.const_data_ptr(), alpha, beta, n, stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::axpby", [&] {
-          using A = at::opmath_type<scalar_t>;
+          using A = opmath_t<scalar_t>;
           const AxpbyOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
           cpu::for_each_element<scalar_t>(
               f, n, {xd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
-              {out.data_ptr<scalar_t>()});
+              {out.mutable_data_ptr<scalar_t>()});
         });
       });
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> axpby_backward(const at::Tensor& grad, double alpha,
+std::tuple<Tensor, Tensor> axpby_backward(const Tensor& grad, double alpha,
                                                   double beta) {
   check_floating(kAxpbyBackward, "grad", grad);
   const DenseLayout layout(grad);
-  const at::Tensor gd = layout.input(grad);
-  at::Tensor grad_x = layout.new_output(grad.options());
-  at::Tensor grad_y = layout.new_output(grad.options());
+  const Tensor gd = layout.input(grad);
+  Tensor grad_x = layout.new_output(grad);
+  Tensor grad_y = layout.new_output(grad);
   const int64_t n = gd.numel();
   run_kernel(
       kAxpbyBackward, grad_x,
       [&](auto stream) {
-        return axpby_backward_cuda(to_dtype(gd.scalar_type()), grad_x.data_ptr(), grad_y.data_ptr(),
+        return axpby_backward_cuda(to_dtype(gd.scalar_type()), grad_x.mutable_data_ptr(), grad_y.mutable_data_ptr(),
                                    gd.const_data_ptr(), alpha, beta, n, stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(gd.scalar_type(), "opforge::axpby_backward", [&] {
-          using A = at::opmath_type<scalar_t>;
+          using A = opmath_t<scalar_t>;
           const AxpbyBackwardOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
           cpu::for_each_element<scalar_t>(
               f, n, {gd.const_data_ptr<scalar_t>()},
-              {grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>()});
+              {grad_x.mutable_data_ptr<scalar_t>(), grad_y.mutable_data_ptr<scalar_t>()});
         });
       });
   return {grad_x, grad_y};
 }
 
-void register_axpby_kernels(torch::Library& m) {
-  m.impl("axpby", &axpby);
-  m.impl("axpby_backward", &axpby_backward);
+void register_axpby_kernels(Library& m) {
+  m.impl("axpby", TORCH_BOX(&axpby));
+  m.impl("axpby_backward", TORCH_BOX(&axpby_backward));
 }
 
 }  // namespace
 }  // namespace opforge
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def("axpby(Tensor x, Tensor y, float alpha=3.0, float beta=-1.0) -> Tensor");
   m.def("axpby_backward(Tensor grad, float alpha, float beta) -> (Tensor, Tensor)");
 }

@@ -6,7 +6,7 @@
 // K (an empty C returns at once; K == 0 gives zeros). Accumulation is in
 // float32 (float64 for float64) and a half-type result is rounded once.
 // CUDA: gemm_cuda (gemm_kernel.h), pure-CUDA kernels, with the workspace it
-// asks for (gemm_cuda_workspace) from ATen's allocator. CPU: the blocked,
+// asks for (gemm_cuda_workspace) from torch's caching allocator. CPU: the blocked,
 // threaded kernel of gemm_cpu.h, compiled here once per x86 instruction set
 // and chosen at run time; it never calls ATen's matmul.
 //
@@ -17,11 +17,8 @@
 //            253x259x509 156 vs 163 (0.96x)
 //   float64  1024^3 77 vs 84 (0.91x), 512^3 84 vs 68 (1.24x)
 //   bfloat16 1024^3 193 vs 414 (0.46x): MKL-DNN uses AVX512-BF16 dot products;
-//            here the blocks are widened to float32, as the issue asks
+//            here the blocks are widened to float32
 //   float16  512^3 202 vs 2.6 (78x): torch has no fast float16 CPU GEMM here
-
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -29,6 +26,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -43,7 +41,7 @@
 
 #include "gemm.h"
 #include "gemm_kernel.h"
-#include "opforge/common.h"
+#include "opforge/stable/common.h"
 
 namespace opforge {
 namespace {
@@ -56,10 +54,10 @@ constexpr const char* kGemm = "opforge::gemm";
 // it; one limit on every device keeps a program that runs on the CPU valid on a GPU.
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 
-void check_dim(const char* what, int64_t value, const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(value <= kMaxDim, kGemm, ": ", what, " = ", value,
-              " is past the kernels' limit of 2^31 - 1 (a has shape ", a.sizes(), ", b ", b.sizes(),
-              ")");
+void check_dim(const char* what, int64_t value, const Tensor& a, const Tensor& b) {
+  OPFORGE_CHECK(value <= kMaxDim, kGemm, ": ", what, " = ", value,
+                " is past the kernels' limit of 2^31 - 1 (a has shape ", dims(a.sizes()), ", b ",
+                dims(b.sizes()), ")");
 }
 
 }  // namespace
@@ -128,7 +126,7 @@ inline int64_t split(int64_t n, int64_t parts, int64_t unit) {
 }
 
 // The work of the busiest thread when C is cut into mc x nc tiles (row tiles
-// fastest) and at::parallel_for hands each of `threads` a contiguous run of
+// fastest) and torch's parallel_for hands each of `threads` a contiguous run of
 // ceil(tiles / threads) of them. A tile costs its padded area (the
 // micro-kernel computes the padding too) plus the packing of its A and B
 // slices, about 16 multiply-adds per element copied (one AVX-512 FMA does 16).
@@ -162,7 +160,7 @@ inline TileGrid tile_grid(int64_t M, int64_t N, int64_t K, int64_t MR, int64_t N
   // In double: M * N * K of three 31-bit sizes can overflow int64.
   const bool serial = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <
                       static_cast<double>(kSerialMacs);
-  const int64_t threads = serial ? 1 : at::get_num_threads();
+  const int64_t threads = serial ? 1 : static_cast<int64_t>(torch::stable::get_num_threads());
   const int64_t mt0 = ceil_div(M, MC), nt0 = ceil_div(N, NC);
   int64_t mc = split(M, mt0, MR), nc = split(N, nt0, NR);
   double best = -1;
@@ -431,14 +429,14 @@ Isa selected_isa() {
     const std::string want(env);
     for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512}) {
       if (want == isa_name(isa)) {
-        TORCH_CHECK(static_cast<int>(isa) <= static_cast<int>(best), kGemm,
-                    ": OPFORGE_GEMM_CPU_ISA=", want, " but this CPU (or build) supports at most ",
-                    isa_name(best));
+        OPFORGE_CHECK(static_cast<int>(isa) <= static_cast<int>(best), kGemm,
+                      ": OPFORGE_GEMM_CPU_ISA=", want, " but this CPU (or build) supports at most ",
+                      isa_name(best));
         return isa;
       }
     }
-    TORCH_CHECK(false, kGemm, ": OPFORGE_GEMM_CPU_ISA must be generic, avx2 or avx512, got '", want,
-                "'");
+    OPFORGE_CHECK(false, kGemm, ": OPFORGE_GEMM_CPU_ISA must be generic, avx2 or avx512, got '",
+                  want, "'");
     return best;
   }();
   return isa;
@@ -457,14 +455,14 @@ void run(const S* a, const S* b, S* c, int64_t M, int64_t N, int64_t K) {
 
 }  // namespace gemm_cpu
 
-at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
+Tensor gemm(const Tensor& a, const Tensor& b) {
   check_floating(kGemm, "a", a);
   check_like(kGemm, "a", a, "b", b);
   check_2d(kGemm, "a", a, "[M, K]");
   check_2d(kGemm, "b", b, "[K, N]");
-  TORCH_CHECK(a.size(1) == b.size(0), kGemm,
-              ": a [M, K] and b [K, N] must agree in K: a.size(1) must equal b.size(0), got shapes ",
-              a.sizes(), " and ", b.sizes());
+  OPFORGE_CHECK(a.size(1) == b.size(0), kGemm,
+                ": a [M, K] and b [K, N] must agree in K: a.size(1) must equal b.size(0), got shapes ",
+                dims(a.sizes()), " and ", dims(b.sizes()));
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   // Checked on the sizes, before any copy: an expanded operand can be huge in
   // shape and take no memory.
@@ -472,13 +470,20 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
   check_dim("K (a.size(1))", K, a, b);
   check_dim("N (b.size(1))", N, a, b);
 
-  if (M == 0 || N == 0) return at::empty({M, N}, a.options());
-  if (K == 0) return at::zeros({M, N}, a.options());  // an empty sum
+  if (M == 0 || N == 0) return empty({M, N}, a.scalar_type(), a);
+  if (K == 0) {  // an empty sum
+    Tensor zeros = empty({M, N}, a.scalar_type(), a);
+    // The shim's zero_ calls Tensor::zero_ directly: torch::stable::zero_
+    // boxes it through the dispatcher, about 1 us more per call.
+    TORCH_ERROR_CODE_CHECK(aoti_torch_zero_(zeros.get()));
+    return zeros;
+  }
   // Both launchers take row-major, densely packed operands: a transposed or
   // strided view is copied here (O(MK + KN), small against the 2MNK product).
-  const at::Tensor A = a.contiguous();
-  const at::Tensor B = b.contiguous();
-  at::Tensor C = at::empty({M, N}, a.options());
+  // A dense operand is taken as it is, without a call through the dispatcher.
+  const Tensor A = a.is_contiguous() ? a : torch::stable::contiguous(a);
+  const Tensor B = b.is_contiguous() ? b : torch::stable::contiguous(b);
+  Tensor C = empty({M, N}, a.scalar_type(), a);
   run_kernel(
       kGemm, C,
       [&](auto stream) {
@@ -489,17 +494,17 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
         // block only to later work on that stream, which runs after the GEMM.
         const size_t bytes = gemm_cuda_workspace(dtype, M, N, K, A.const_data_ptr(),
                                                  B.const_data_ptr(), C.const_data_ptr());
-        at::Tensor workspace;
+        std::optional<Tensor> workspace;
         if (bytes > 0) {
-          workspace = at::empty({static_cast<int64_t>(bytes)}, a.options().dtype(at::kByte));
+          workspace = empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, a);
         }
-        return gemm_cuda(dtype, A.const_data_ptr(), B.const_data_ptr(), C.data_ptr(), M, N, K,
-                         bytes > 0 ? workspace.data_ptr() : nullptr, bytes, stream);
+        return gemm_cuda(dtype, A.const_data_ptr(), B.const_data_ptr(), C.mutable_data_ptr(), M, N,
+                         K, workspace ? workspace->mutable_data_ptr() : nullptr, bytes, stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(C.scalar_type(), "opforge::gemm", [&] {
           gemm_cpu::run<scalar_t>(A.const_data_ptr<scalar_t>(), B.const_data_ptr<scalar_t>(),
-                                  C.data_ptr<scalar_t>(), M, N, K);
+                                  C.mutable_data_ptr<scalar_t>(), M, N, K);
         });
       });
   return C;
@@ -507,11 +512,11 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
 
 namespace {
 
-void register_gemm_kernels(torch::Library& m) { m.impl("gemm", &gemm); }
+void register_gemm_kernels(Library& m) { m.impl("gemm", TORCH_BOX(&gemm)); }
 
 }  // namespace
 }  // namespace opforge
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("gemm(Tensor a, Tensor b) -> Tensor"); }
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("gemm(Tensor a, Tensor b) -> Tensor"); }
 
 OPFORGE_REGISTER_KERNELS(opforge, opforge::register_gemm_kernels)

@@ -10,7 +10,7 @@
 //     is MR x NR with NR = NV * W), MC, NC, KC (cache blocks, see gemm.cpp);
 //   widen(src, dst, n) / narrow(src, dst, n): the storage dtype to the
 //     accumulation type and back (round to nearest even), for every dtype.
-// Every std and ATen header this needs is included before the namespaces.
+// Every std and torch header this needs is included before the namespaces.
 //
 // The blocking is the GotoBLAS/BLIS scheme. C is cut into MC x NC tiles, one
 // task each. Within a tile, for every KC-deep slice of K, the tile's slice of B
@@ -121,14 +121,14 @@ void gemm_tiles(const S* a, const S* b, S* c, int64_t M, int64_t N, int64_t K, i
   }
 }
 
-// The whole product on at::parallel_for's threads, one task per C tile.
+// The whole product on torch's parallel_for threads, one task per C tile.
 template <typename S>
 void gemm(const S* a, const S* b, S* c, int64_t M, int64_t N, int64_t K) {
   using T = typename Accumulate<S>::type;
   using Blk = Blocking<T>;
   constexpr int NR = Blk::NV * Vec<T>::W;
   const TileGrid g = tile_grid(M, N, K, Blk::MR, NR, Blk::MC, Blk::NC, Blk::KC);
-  at::parallel_for(0, g.tiles, g.grain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, g.tiles, g.grain, [&](int64_t begin, int64_t end) {
     gemm_tiles<S>(a, b, c, M, N, K, g.mc, g.nc, g.kc, begin, end);
   });
 }

@@ -5,8 +5,8 @@
 //   lltm_backward(grad_h?, grad_cell?, grad_gates?, new_cell, gates, input, old_h, weights,
 //                 output_mask) -> (d_old_h, d_input, d_weights, d_bias, d_old_cell)
 //
-// The gate matmul (and the backward's four) go through ATen, so cuBLAS on a
-// GPU; everything elementwise is one fused kernel each way (lltm_math.h holds
+// The gate matmul (and the backward's four) go to ATen through the dispatcher, so
+// cuBLAS on a GPU; everything elementwise is one fused kernel each way (lltm_math.h holds
 // the formulas both backends share).
 //
 // What is saved for the backward: the tutorial's forward returns seven
@@ -23,11 +23,6 @@
 // nobody wants: with the parameters alone requiring grad, as in training on
 // data, the backward does one of its two [B, 3S] x [3S, F + S] products.
 
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/mm.h>
-#include <ATen/ops/sum.h>
-
 #include <array>
 #include <optional>
 #include <tuple>
@@ -36,7 +31,7 @@
 
 #include "lltm_kernel.h"
 #include "lltm_math.h"
-#include "opforge/common.h"
+#include "opforge/stable/common.h"
 
 namespace opforge {
 namespace {
@@ -49,24 +44,23 @@ struct Sizes {
   int64_t batch, features, state;
 };
 
-Sizes check_cell(const char* op, const at::Tensor& input, const at::Tensor& old_h,
-                 const at::Tensor& weights) {
+Sizes check_cell(const char* op, const Tensor& input, const Tensor& old_h, const Tensor& weights) {
   check_floating(op, "input", input);
   check_2d(op, "input", input, "[batch, input_features]");
   check_like(op, "input", input, "old_h", old_h);
   check_like(op, "input", input, "weights", weights);
   check_2d(op, "old_h", old_h, "[batch, state_size]");
   const Sizes z{input.size(0), input.size(1), old_h.size(1)};
-  TORCH_CHECK(old_h.size(0) == z.batch, op, ": old_h must have input's batch size ", z.batch,
-              " in dim 0, got shape ", old_h.sizes());
+  OPFORGE_CHECK(old_h.size(0) == z.batch, op, ": old_h must have input's batch size ", z.batch,
+                " in dim 0, got shape ", dims(old_h.sizes()));
   // Weights of a whole cell for input's features ([3S, F + S] for some S)
   // point at old_h when it disagrees: blame the one that is wrong.
   if (weights.dim() == 2 && weights.size(0) % 3 == 0 &&
       weights.size(1) == z.features + weights.size(0) / 3) {
     const int64_t state = weights.size(0) / 3;
-    TORCH_CHECK(z.state == state, op, ": old_h must have shape [batch, state_size] = [", z.batch,
-                ", ", state, "] (state_size from weights ", weights.sizes(), "), got ",
-                old_h.sizes());
+    OPFORGE_CHECK(z.state == state, op, ": old_h must have shape [batch, state_size] = [", z.batch,
+                  ", ", state, "] (state_size from weights ", dims(weights.sizes()), "), got ",
+                  dims(old_h.sizes()));
   }
   check_shape(op, "weights", weights, {3 * z.state, z.features + z.state},
               "[3 * state_size, input_features + state_size]");
@@ -82,11 +76,9 @@ void for_each_cell(int64_t batch, int64_t state, F&& f) {
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward(const at::Tensor& input,
-                                                            const at::Tensor& weights,
-                                                            const at::Tensor& bias,
-                                                            const at::Tensor& old_h,
-                                                            const at::Tensor& old_cell) {
+std::tuple<Tensor, Tensor, Tensor> lltm_forward(const Tensor& input, const Tensor& weights,
+                                                const Tensor& bias, const Tensor& old_h,
+                                                const Tensor& old_cell) {
   const Sizes z = check_cell(kForward, input, old_h, weights);
   check_like(kForward, "input", input, "bias", bias);
   check_like(kForward, "input", input, "old_cell", old_cell);
@@ -95,26 +87,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward(const at::Tensor& in
 
   // One GEMM over K = F + S rather than two (one per half of X): cat costs a
   // copy of [B, F + S], the second GEMM a re-read and re-write of [B, 3S].
-  const at::Tensor X = at::cat({old_h, input}, 1);
-  // addmm's output is fresh and row-major, so it is used in place as `gates`.
-  at::Tensor gates = at::addmm(bias, X, weights.t()).contiguous();
-  const at::Tensor cell = old_cell.contiguous();
-  at::Tensor new_h = at::empty({z.batch, z.state}, input.options());
-  at::Tensor new_cell = at::empty({z.batch, z.state}, input.options());
+  const Tensor X = call_aten("aten::cat", "", std::vector<Tensor>{old_h, input}, int64_t{1});
+  // linear of a 2-D input with a bias is addmm(bias, X, W^T), which cannot be
+  // called itself: its beta and alpha are Scalars, a type the stable ABI does
+  // not pass to the dispatcher. addmm's output is fresh and row-major, so it
+  // is used in place as `gates`.
+  Tensor gates = dense(call_aten("aten::linear", "", X, weights, std::optional<Tensor>(bias)));
+  const Tensor cell = dense(old_cell);
+  const ScalarType dtype = input.scalar_type();
+  Tensor new_h = empty({z.batch, z.state}, dtype, input);
+  Tensor new_cell = empty({z.batch, z.state}, dtype, input);
   run_kernel(
       kForward, new_h,
       [&](auto stream) {
-        return lltm_forward_cuda(to_dtype(gates.scalar_type()), gates.data_ptr(),
-                                 cell.const_data_ptr(), new_h.data_ptr(), new_cell.data_ptr(),
-                                 z.batch, z.state, stream);
+        return lltm_forward_cuda(to_dtype(gates.scalar_type()), gates.mutable_data_ptr(),
+                                 cell.const_data_ptr(), new_h.mutable_data_ptr(),
+                                 new_cell.mutable_data_ptr(), z.batch, z.state, stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(gates.scalar_type(), "opforge::lltm_forward", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          scalar_t* g = gates.data_ptr<scalar_t>();
+          using acc_t = opmath_t<scalar_t>;
+          scalar_t* g = gates.mutable_data_ptr<scalar_t>();
           const scalar_t* c = cell.const_data_ptr<scalar_t>();
-          scalar_t* h_out = new_h.data_ptr<scalar_t>();
-          scalar_t* c_out = new_cell.data_ptr<scalar_t>();
+          scalar_t* h_out = new_h.mutable_data_ptr<scalar_t>();
+          scalar_t* c_out = new_cell.mutable_data_ptr<scalar_t>();
           const int64_t S = z.state;
           for_each_cell(z.batch, S, [=](int64_t i, int64_t k) {
             const auto r = lltm::forward_element<acc_t>(
@@ -133,28 +129,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward(const at::Tensor& in
 
 // An incoming gradient: absent (autograd's None, a zero gradient) or checked
 // against the shape it must have.
-void check_grad(const char* name, const std::optional<at::Tensor>& t, const at::Tensor& input,
-                at::IntArrayRef shape, const char* how) {
+void check_grad(const char* name, const std::optional<Tensor>& t, const Tensor& input,
+                IntArrayRef shape, const char* how) {
   if (!t.has_value() || !t->defined()) return;
   check_like(kBackward, "input", input, name, *t);
   check_shape(kBackward, name, *t, shape, how);
 }
 
-const at::Tensor* present(const std::optional<at::Tensor>& t) {
+const Tensor* present(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? &*t : nullptr;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_backward(
-    const std::optional<at::Tensor>& grad_h, const std::optional<at::Tensor>& grad_cell,
-    const std::optional<at::Tensor>& grad_gates, const at::Tensor& new_cell,
-    const at::Tensor& gates, const at::Tensor& input, const at::Tensor& old_h,
-    const at::Tensor& weights, const c10::List<bool>& mask) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_backward(
+    const std::optional<Tensor>& grad_h, const std::optional<Tensor>& grad_cell,
+    const std::optional<Tensor>& grad_gates, const Tensor& new_cell, const Tensor& gates,
+    const Tensor& input, const Tensor& old_h, const Tensor& weights, const std::vector<bool>& mask) {
   // bool[] rather than bool[5] in the schema: the dispatcher's own length
   // error does not name the operator.
-  TORCH_CHECK(mask.size() == 5, kBackward,
-              ": output_mask must have 5 entries (d_old_h, d_input, d_weights, d_bias, "
-              "d_old_cell), got ",
-              mask.size());
+  OPFORGE_CHECK(mask.size() == 5, kBackward,
+                ": output_mask must have 5 entries (d_old_h, d_input, d_weights, d_bias, "
+                "d_old_cell), got ",
+                mask.size());
   const std::array<bool, 5> output_mask{mask[0], mask[1], mask[2], mask[3], mask[4]};
   const Sizes z = check_cell(kBackward, input, old_h, weights);
   const std::vector<int64_t> cell_shape{z.batch, z.state};
@@ -173,26 +168,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
   // grad_h and grad_cell are read through their strides: the gradient of a
   // sum() is one value expanded (strides 0, 0), and copying it to a dense
   // tensor first would cost a kernel per gradient.
-  const at::Tensor* gh = present(grad_h);
-  const at::Tensor* gc = present(grad_cell);
-  const at::Tensor gg = present(grad_gates) ? grad_gates->contiguous() : at::Tensor();
-  const at::Tensor nc = new_cell.contiguous();
-  const at::Tensor ga = gates.contiguous();
+  const Tensor* gh = present(grad_h);
+  const Tensor* gc = present(grad_cell);
+  const std::optional<Tensor> gg =
+      present(grad_gates) != nullptr ? std::optional<Tensor>(dense(*grad_gates)) : std::nullopt;
+  const Tensor nc = dense(new_cell);
+  const Tensor ga = dense(gates);
+  const ScalarType dtype = input.scalar_type();
   // Outputs not in output_mask come back as empty tensors: a custom
   // operator's outputs must be tensors, and autograd discards them.
-  const auto empty = [&] { return at::empty({0}, input.options()); };
-  at::Tensor d_gates = at::empty(gates_shape, input.options());
-  at::Tensor d_old_cell = want_old_cell ? at::empty(cell_shape, input.options()) : empty();
+  const auto unwanted = [&] { return empty({0}, dtype, input); };
+  Tensor d_gates = empty({z.batch, 3 * z.state}, dtype, input);
+  Tensor d_old_cell = want_old_cell ? empty({z.batch, z.state}, dtype, input) : unwanted();
   LltmBackwardArgs args{};
-  args.d_gates = d_gates.data_ptr();
-  args.d_old_cell = want_old_cell ? d_old_cell.data_ptr() : nullptr;
+  args.d_gates = d_gates.mutable_data_ptr();
+  args.d_old_cell = want_old_cell ? d_old_cell.mutable_data_ptr() : nullptr;
   args.grad_h = gh != nullptr ? gh->const_data_ptr() : nullptr;
   args.grad_h_strides[0] = gh != nullptr ? gh->stride(0) : 0;
   args.grad_h_strides[1] = gh != nullptr ? gh->stride(1) : 0;
   args.grad_cell = gc != nullptr ? gc->const_data_ptr() : nullptr;
   args.grad_cell_strides[0] = gc != nullptr ? gc->stride(0) : 0;
   args.grad_cell_strides[1] = gc != nullptr ? gc->stride(1) : 0;
-  args.grad_gates = gg.defined() ? gg.const_data_ptr() : nullptr;
+  args.grad_gates = gg.has_value() ? gg->const_data_ptr() : nullptr;
   args.new_cell = nc.const_data_ptr();
   args.gates = ga.const_data_ptr();
   args.batch = z.batch;
@@ -202,7 +199,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
       [&](auto stream) { return lltm_backward_cuda(to_dtype(d_gates.scalar_type()), args, stream); },
       [&] {
         OPFORGE_DISPATCH_FLOATING(d_gates.scalar_type(), "opforge::lltm_backward", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
+          using acc_t = opmath_t<scalar_t>;
           scalar_t* dg = static_cast<scalar_t*>(args.d_gates);
           scalar_t* dc = static_cast<scalar_t*>(args.d_old_cell);
           const auto* h = static_cast<const scalar_t*>(args.grad_h);
@@ -241,39 +238,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
   // strided views that BLAS reads and writes in place (leading dimension
   // F + S), so neither X nor d_X is ever materialised, and an unwanted half
   // (usually d_input: the data needs no gradient) costs nothing.
-  at::Tensor d_weights = empty();
+  Tensor d_weights = unwanted();
   if (want_weights) {
-    d_weights = at::empty({3 * z.state, z.features + z.state}, input.options());
-    const at::Tensor d_gates_t = d_gates.t();
-    at::Tensor d_weights_h = d_weights.narrow(1, 0, z.state);
-    at::Tensor d_weights_x = d_weights.narrow(1, z.state, z.features);
-    at::mm_out(d_weights_h, d_gates_t, old_h);
-    at::mm_out(d_weights_x, d_gates_t, input);
+    d_weights = empty({3 * z.state, z.features + z.state}, dtype, input);
+    const Tensor d_gates_t = torch::stable::transpose(d_gates, 0, 1);
+    call_aten("aten::mm", "out", d_gates_t, old_h, torch::stable::narrow(d_weights, 1, 0, z.state));
+    call_aten("aten::mm", "out", d_gates_t, input, torch::stable::narrow(d_weights, 1, z.state, z.features));
   }
-  at::Tensor d_bias = want_bias ? at::empty({3 * z.state}, input.options()) : empty();
+  Tensor d_bias = want_bias ? empty({3 * z.state}, dtype, input) : unwanted();
   if (want_bias) {
     run_kernel(
         kBackward, d_bias,
         [&](auto stream) {
-          return lltm_column_sum_cuda(to_dtype(d_gates.scalar_type()), d_gates.const_data_ptr(), d_bias.data_ptr(),
-                                      z.batch, 3 * z.state, stream);
+          return lltm_column_sum_cuda(to_dtype(d_gates.scalar_type()), d_gates.const_data_ptr(),
+                                      d_bias.mutable_data_ptr(), z.batch, 3 * z.state, stream);
         },
-        [&] { at::sum_out(d_bias, d_gates, 0); });
+        [&] {
+          const int64_t dim0[] = {0};
+          torch::stable::sum_out(d_bias, d_gates, IntArrayRef(dim0));
+        });
   }
-  at::Tensor d_old_h = want_old_h ? at::mm(d_gates, weights.narrow(1, 0, z.state)) : empty();
-  at::Tensor d_input = want_input ? at::mm(d_gates, weights.narrow(1, z.state, z.features)) : empty();
+  // narrow() takes a non-const tensor; this copy shares weights' handle.
+  Tensor w = weights;
+  Tensor d_old_h =
+      want_old_h ? call_aten("aten::mm", "", d_gates, torch::stable::narrow(w, 1, 0, z.state)) : unwanted();
+  Tensor d_input =
+      want_input ? call_aten("aten::mm", "", d_gates, torch::stable::narrow(w, 1, z.state, z.features)) : unwanted();
   return {d_old_h, d_input, d_weights, d_bias, d_old_cell};
 }
 
-void register_lltm_kernels(torch::Library& m) {
-  m.impl("lltm_forward", &lltm_forward);
-  m.impl("lltm_backward", &lltm_backward);
+void register_lltm_kernels(Library& m) {
+  m.impl("lltm_forward", TORCH_BOX(&lltm_forward));
+  m.impl("lltm_backward", TORCH_BOX(&lltm_backward));
 }
 
 }  // namespace
 }  // namespace opforge
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
       "lltm_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) "
       "-> (Tensor new_h, Tensor new_cell, Tensor gates)");

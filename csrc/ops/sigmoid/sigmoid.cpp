@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "opforge/common.h"
-#include "opforge/cpu_vec.h"
-#include "opforge/elementwise.h"
+#include "opforge/stable/common.h"
+#include "opforge/stable/cpu_vec.h"
+#include "opforge/stable/elementwise.h"
 #include "sigmoid_kernel.h"
 
 namespace opforge {
@@ -52,39 +52,39 @@ struct SigmoidBackwardOp {
 #endif
 };
 
-at::Tensor sigmoid(const at::Tensor& x) {
+Tensor sigmoid(const Tensor& x) {
   check_floating(kSigmoid, "x", x);
   const DenseLayout layout(x);
-  const at::Tensor xd = layout.input(x);
-  at::Tensor out = layout.new_output(x.options());
+  const Tensor xd = layout.input(x);
+  Tensor out = layout.new_output(x);
   const int64_t n = out.numel();
   run_kernel(
       kSigmoid, out,
       [&](auto stream) {
-        return sigmoid_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xd.const_data_ptr(), n,
+        return sigmoid_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), xd.const_data_ptr(), n,
                             stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::sigmoid", [&] {
           cpu::for_each_element<scalar_t>(SigmoidOp{}, n, {xd.const_data_ptr<scalar_t>()},
-                                          {out.data_ptr<scalar_t>()});
+                                          {out.mutable_data_ptr<scalar_t>()});
         });
       });
   return out;
 }
 
-at::Tensor sigmoid_backward(const at::Tensor& grad, const at::Tensor& y) {
+Tensor sigmoid_backward(const Tensor& grad, const Tensor& y) {
   check_floating(kSigmoidBackward, "grad", grad);
   check_same(kSigmoidBackward, "grad", grad, "y", y);
-  const DenseLayout layout({grad, y});
-  const at::Tensor gd = layout.input(grad);
-  const at::Tensor yd = layout.input(y);
-  at::Tensor out = layout.new_output(grad.options());
+  const DenseLayout layout(grad, y);
+  const Tensor gd = layout.input(grad);
+  const Tensor yd = layout.input(y);
+  Tensor out = layout.new_output(grad);
   const int64_t n = out.numel();
   run_kernel(
       kSigmoidBackward, out,
       [&](auto stream) {
-        return sigmoid_backward_cuda(to_dtype(out.scalar_type()), out.data_ptr(),
+        return sigmoid_backward_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(),
                                      gd.const_data_ptr(), yd.const_data_ptr(), n, stream);
       },
       [&] {
@@ -92,21 +92,21 @@ at::Tensor sigmoid_backward(const at::Tensor& grad, const at::Tensor& y) {
           cpu::for_each_element<scalar_t>(
               SigmoidBackwardOp{}, n,
               {gd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
-              {out.data_ptr<scalar_t>()});
+              {out.mutable_data_ptr<scalar_t>()});
         });
       });
   return out;
 }
 
-void register_sigmoid_kernels(torch::Library& m) {
-  m.impl("sigmoid", &sigmoid);
-  m.impl("sigmoid_backward", &sigmoid_backward);
+void register_sigmoid_kernels(Library& m) {
+  m.impl("sigmoid", TORCH_BOX(&sigmoid));
+  m.impl("sigmoid_backward", TORCH_BOX(&sigmoid_backward));
 }
 
 }  // namespace
 }  // namespace opforge
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def("sigmoid(Tensor x) -> Tensor");
   m.def("sigmoid_backward(Tensor grad, Tensor y) -> Tensor");
 }

@@ -1,9 +1,9 @@
 // square: the load_inline tutorial's square_matrix kernel (load_inline) as an elementwise
 // dispatcher operator over any shape.
 
-#include "opforge/common.h"
-#include "opforge/cpu_vec.h"
-#include "opforge/elementwise.h"
+#include "opforge/stable/common.h"
+#include "opforge/stable/cpu_vec.h"
+#include "opforge/stable/elementwise.h"
 #include "square_kernel.h"
 
 namespace opforge {
@@ -25,32 +25,32 @@ struct SquareOp {
 #endif
 };
 
-at::Tensor square(const at::Tensor& x) {
+Tensor square(const Tensor& x) {
   check_floating(kSquare, "x", x);
   const DenseLayout layout(x);
-  const at::Tensor xd = layout.input(x);
-  at::Tensor out = layout.new_output(x.options());
+  const Tensor xd = layout.input(x);
+  Tensor out = layout.new_output(x);
   const int64_t n = out.numel();
   run_kernel(
       kSquare, out,
       [&](auto stream) {
-        return square_cuda(to_dtype(out.scalar_type()), out.data_ptr(), xd.const_data_ptr(), n,
+        return square_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), xd.const_data_ptr(), n,
                            stream);
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::square", [&] {
           cpu::for_each_element<scalar_t>(SquareOp{}, n, {xd.const_data_ptr<scalar_t>()},
-                                          {out.data_ptr<scalar_t>()});
+                                          {out.mutable_data_ptr<scalar_t>()});
         });
       });
   return out;
 }
 
-void register_square_kernels(torch::Library& m) { m.impl("square", &square); }
+void register_square_kernels(Library& m) { m.impl("square", TORCH_BOX(&square)); }
 
 }  // namespace
 }  // namespace opforge
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("square(Tensor x) -> Tensor"); }
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("square(Tensor x) -> Tensor"); }
 
 OPFORGE_REGISTER_KERNELS(opforge, opforge::register_square_kernels)

@@ -16,8 +16,13 @@ from opforge.builder.archs import cuda_archs, cuda_home, gencode_flags
 from opforge.builder.discover import walk
 from opforge.builder.errors import BuildError, Diagnostic, parse_diagnostics
 from opforge.builder.jit import BuildConfig, Library, build_library, cache_root, check_safe_to_load, load_library, load_module
+from opforge.builder.stable import FLOOR, target_flag
+
+#: opforge's own op library is on PyTorch's stable ABI: one build for every torch from this one on.
+LIBRARY_TARGET = FLOOR
 
 __all__ = [
+    "LIBRARY_TARGET",
     "BuildConfig",
     "BuildError",
     "Diagnostic",
@@ -29,8 +34,10 @@ __all__ = [
     "csrc_dir",
     "cuda_archs",
     "cuda_home",
+    "fast_config",
     "folder_config",
     "gencode_flags",
+    "is_stable_folder",
     "library_config",
     "load_library",
     "load_module",
@@ -70,12 +77,20 @@ def build_cuda_flag() -> bool | None:
     )
 
 
-def want_cuda() -> bool:
+def want_cuda(*, stable: bool = False) -> bool:
     """CUDA kernels are built when torch has CUDA and nvcc is found;
-    ``OPFORGE_BUILD_CUDA`` (``build_cuda_flag``) overrides, and on fails clearly if it cannot."""
+    ``OPFORGE_BUILD_CUDA`` (``build_cuda_flag``) overrides, and on fails clearly if it cannot.
+    A ``stable`` build (opforge.builder.stable) needs nvcc alone: a CPU build of
+    torch can build a library whose CUDA kernels run under a CUDA one."""
     flag = build_cuda_flag()
     if flag is False:
         return False
+    if flag and stable:
+        home = cuda_home()
+        if home is None or not (home / "bin" / "nvcc").exists():
+            value = os.environ["OPFORGE_BUILD_CUDA"].strip()
+            raise BuildError(f"opforge: OPFORGE_BUILD_CUDA={value} but nvcc was not found (CUDA_HOME={home}; set CUDA_HOME)")
+        return True
     if flag:
         if torch.version.cuda is None:
             value = os.environ["OPFORGE_BUILD_CUDA"].strip()
@@ -98,52 +113,90 @@ def op_sources(op_dir: Path, *, with_cuda: bool) -> list[Path]:
     return [*tree.cpp, *(tree.cuda if with_cuda else ())]
 
 
-def folder_config(folder: Path, *, with_cuda: bool | None = None) -> BuildConfig:
+def folder_config(folder: Path, *, with_cuda: bool | None = None, stable: str | None = None) -> BuildConfig:
     """A user's op folder (TORCH_LIBRARY sources, .cpp and .cu, in any subfolder)
     as a build: the folder, its include/ folders and every folder holding a
-    header on the include path, then opforge's (``opforge/common.h``)."""
-    cuda = want_cuda() if with_cuda is None else with_cuda
+    header on the include path, then opforge's (``opforge/common.h``).
+
+    ``stable``: the folder is on PyTorch's stable ABI, for every torch from
+    this version on ("2.10"; opforge.builder.stable); None: so when its C++
+    sources include the stable headers and none of ATen's (``is_stable_folder``),
+    for the target they define or else the first versioned one."""
     tree = walk(folder)
+    if stable is None and is_stable_folder(tree.cpp):
+        stable = FLOOR
+    cuda = want_cuda(stable=bool(stable)) if with_cuda is None else with_cuda
     sources = [*tree.cpp, *(tree.cuda if cuda else ())]
     if not sources:
         raise BuildError(f"opforge: no C++ (.cpp, .cc, .cxx){' or CUDA (.cu)' if cuda else ''} source in {folder} or its subfolders")
     name = "".join(c if c.isalnum() else "_" for c in tree.root.name)
     root = csrc_dir()
-    flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()))
+    if stable:
+        # No OpenMP: a stable library's CPU loops run on torch's thread pool through the shim.
+        flags: tuple[str, ...] = ("-O3",)
+        if not any("define TORCH_TARGET_VERSION" in _text(s) for s in tree.cpp):
+            flags += (target_flag(stable),)
+        ldflags: tuple[str, ...] = ()
+    else:
+        flags, ldflags = ("-O3", "-fopenmp"), ("-fopenmp",)
+    flags += ("-DOPFORGE_WITH_CUDA",) if cuda else ()
     cuda_flags: tuple[str, ...] = ()
     archs: tuple[str, ...] = ()
     if cuda:
         archs = cuda_archs()
         cuda_flags = ("-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs))
-        # The current-stream helper the CUDA launchers of common.h call.
-        sources = [*sources, root / "opforge" / "cuda_stream.cpp"]
+        if not stable:
+            # The current-stream helper the CUDA launchers of common.h call (ATen's; a stable
+            # folder asks the shim for the stream).
+            sources = [*sources, root / "opforge" / "cuda_stream.cpp"]
     # The folder as given first: the include path of a flat folder is what it always was.
     include_dirs = (folder, *(d for d in tree.include_dirs if d != tree.root), root)
     return BuildConfig(
-        name, tuple(sources), include_dirs, cflags=flags, cuda_cflags=cuda_flags, ldflags=("-fopenmp",), with_cuda=cuda, cuda_archs=archs
+        name,
+        tuple(sources),
+        include_dirs,
+        cflags=flags,
+        cuda_cflags=cuda_flags,
+        ldflags=ldflags,
+        with_cuda=cuda,
+        cuda_archs=archs,
+        stable=stable or "",
     )
 
 
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def is_stable_folder(cpp_sources: list[Path]) -> bool:
+    """Whether C++ sources are on the stable ABI: some include torch/csrc/stable,
+    none includes ATen, c10 (outside torch/headeronly) or torch/extension.h."""
+    texts = [_text(s) for s in cpp_sources]
+    stable = any("#include <torch/csrc/stable/" in t or '#include "torch/csrc/stable/' in t for t in texts)
+    unstable = ("#include <ATen/", "#include <c10/", "#include <torch/extension.h>", "#include <torch/library.h>")
+    return stable and not any(u in t for t in texts for u in unstable)
+
+
 def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
-    """The build of opforge's own op library: every folder under csrc/ops."""
+    """The build of opforge's own op library: every folder under csrc/ops, on
+    the stable ABI (``LIBRARY_TARGET``). The eager fast path, which needs
+    torch's private headers, is a library of its own (``fast_config``)."""
     root = csrc_dir()
-    cuda = want_cuda() if with_cuda is None else with_cuda
-    # The eager fast path's Python module init (opforge.fast) first:
-    # ninja starts jobs in this order, and it is one of the two slow ones.
-    sources: list[Path] = [root / "opforge" / "fast_python.cpp"]
+    cuda = want_cuda(stable=True) if with_cuda is None else with_cuda
+    sources: list[Path] = []
     for op_dir in sorted(p for p in (root / "ops").iterdir() if p.is_dir()):
         sources += op_sources(op_dir, with_cuda=cuda)
-    # The ops' wrappers compile as one unit, beside the fast path's module on
-    # the other core: on 2 cores, 7 wrappers took 30.2 s as 7 units on a
-    # precompiled header (plus 13.6 s to build it) and 15.9 s as one unit
-    # without it (benchmarks/build_speed.py).
-    unity = tuple(s for s in sources if s.suffix == ".cpp" and s.parent.parent.name == "ops")
+    # The ops' wrappers compile as one unit: the stable headers are parsed
+    # once, and the CUDA kernels take the other cores.
+    unity = tuple(s for s in sources if s.suffix == ".cpp")
     # OPFORGE_CXXFLAGS adds host-compiler flags (part of the cache key).
-    cflags = ["-O3", "-fopenmp", *os.environ.get("OPFORGE_CXXFLAGS", "").split()]
-    cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA"]
+    cflags = ["-O3", target_flag(LIBRARY_TARGET), *os.environ.get("OPFORGE_CXXFLAGS", "").split()]
+    cuda_cflags = ["-O3"]
     archs: tuple[str, ...] = ()
     if cuda:
-        sources.append(root / "opforge" / "cuda_stream.cpp")
         cflags.append("-DOPFORGE_WITH_CUDA")
         archs = cuda_archs()
         cuda_cflags += gencode_flags(archs)
@@ -153,8 +206,22 @@ def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
         include_dirs=(root,),
         cflags=tuple(cflags),
         cuda_cflags=tuple(cuda_cflags) if cuda else (),
-        ldflags=("-fopenmp",),
         with_cuda=cuda,
         cuda_archs=archs,
         unity=unity,
+        stable=LIBRARY_TARGET,
+    )
+
+
+def fast_config() -> BuildConfig:
+    """The eager fast path (opforge.fast): a Python module built for this torch
+    alone, as it uses torch's private autograd headers; optional, the
+    operators work without it."""
+    root = csrc_dir()
+    return BuildConfig(
+        name="opforge_fast",
+        sources=(root / "opforge" / "fast_python.cpp",),
+        include_dirs=(root,),
+        cflags=("-O3", *os.environ.get("OPFORGE_CXXFLAGS", "").split()),
+        python_module=True,
     )

@@ -78,6 +78,8 @@ class BuildConfig:
     # "_C" for a package's library, which Python imports by calling PyInit__C.
     # Empty: "<name>_<objects key>" (module_name).
     extension_name: str = ""
+    # On PyTorch's stable ABI for every torch from this one on ("2.10"; opforge.builder.stable).
+    stable: str = ""
 
     def key(self) -> str:
         """The cache key: everything that determines the built library."""
@@ -106,7 +108,11 @@ class BuildConfig:
                 h.update(str(p).encode())
                 h.update(b"\0")
 
-        put(_CACHE_FORMAT, self.name, torch.__version__, torch.version.cuda, sys.implementation.cache_tag)
+        if self.stable:
+            # One build for every torch from the target on: the key carries the target, not this torch.
+            put(_CACHE_FORMAT, self.name, "stable", self.stable)
+        else:
+            put(_CACHE_FORMAT, self.name, torch.__version__, torch.version.cuda, sys.implementation.cache_tag)
         # The compilers torch will use: another compiler is another library.
         put(*(f"{v}={os.environ.get(v, '')}" for v in ("CXX", "CC", "CUDAHOSTCXX", "CUDA_HOME")))
         put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs, "|", self.python_module)
@@ -170,6 +176,13 @@ def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
     with contextlib.suppress(OSError):
         os.utime(entry)
     return Library(path=so, key=key, with_cuda=cfg.with_cuda, built_now=built_now, build_seconds=seconds)
+
+
+def cached_path(cfg: BuildConfig) -> Path | None:
+    """The library of ``cfg`` when the cache has it complete, else None; builds nothing."""
+    entry = cache_root() / f"{cfg.name}-{cfg.key()[:16]}"
+    so = entry / f"{module_name(cfg)}.so"
+    return so if is_complete(entry, so) else None
 
 
 def module_name(cfg: BuildConfig) -> str:
@@ -290,6 +303,14 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
         sources = _compiled_sources(cfg, objects, pch)
         progress = Progress(objects, cfg.name, len(sources), len(cfg.sources), quiet=quiet)
         progress.start()
+        if cfg.stable:
+            from opforge.builder import stable
+
+            stable.build(cfg, objects, so_name, sources, tc, _pch_flags(cfg, pch), progress)
+            seconds = time.perf_counter() - start
+            progress.stop(ok=True, seconds=seconds)
+            _check_shared_libstdcxx(objects / f"{so_name}.so", tc.cxx.use)
+            return seconds
         try:
             cpp_extension.load(
                 name=so_name,
@@ -452,7 +473,11 @@ def _check_toolchain(cfg: BuildConfig) -> None:
     cxx = toolchain.configured_cxx()
     if shutil.which(cxx) is None:
         raise BuildError(f"opforge: no C++ compiler: '{cxx}' is not on PATH (set CXX or install g++)")
-    if cfg.with_cuda:
+    if cfg.with_cuda and cfg.stable:
+        from opforge.builder.stable import check_nvcc
+
+        check_nvcc()
+    elif cfg.with_cuda:
         from torch.utils.cpp_extension import CUDA_HOME
 
         nvcc = Path(CUDA_HOME or "") / "bin" / "nvcc"

@@ -1,5 +1,14 @@
 """Loading a library built elsewhere (CMake, setuptools, another machine) into
-torch.ops, with the loader's errors turned into causes and fixes."""
+torch.ops, with the loader's errors turned into causes and fixes; and the
+choice between a package's prebuilt library and a JIT build.
+
+A prebuilt library carries a build record (``_C.build.json``, written by
+opforge.builder.setuptools_ext). A library on PyTorch's stable ABI
+(``_C.abi3.so``) fits every torch from the one it targets on, with or
+without CUDA, under any Python; any other library fits only the torch, CUDA
+and Python it was built for. Either must come from the sources as they are
+now, with CUDA kernels for the GPUs here.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +27,8 @@ from opforge.builder.jit import BuildConfig, Library, check_safe_to_load
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;
 #: or the path of a library built by another route (CMake), loaded as opforge's own.
 MODES = ("auto", "prebuilt", "jit")
+#: A stable-ABI library's suffix, whatever the Python: ``_C.abi3.so``.
+STABLE_SUFFIX = ".abi3.so"
 
 
 def explain_load_error(path: Path, message: str) -> str:
@@ -64,8 +75,12 @@ def load_library_file(path: str | Path) -> Path:
 
 
 def prebuilt_path() -> Path:
-    """Where ``pip install`` puts the op library: ``opforge/_C<abi suffix>``."""
-    return Path(__file__).resolve().parent.parent / f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    """Where ``pip install`` puts the op library: ``opforge/_C.abi3.so`` (on
+    the stable ABI, as opforge's own now is), else ``opforge/_C<this Python's
+    suffix>`` (a library for one torch and Python); the first when neither is there."""
+    here = Path(__file__).resolve().parent.parent
+    candidates = (here / f"_C{STABLE_SUFFIX}", here / f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}")
+    return next((p for p in candidates if p.is_file()), candidates[0])
 
 
 def library_mode() -> str:
@@ -93,10 +108,12 @@ SourcesConfig = Callable[[bool | None], BuildConfig]
 
 def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
     """Whether a prebuilt library (``so``, its build record ``_C.build.json``
-    beside it) fits this process, and why in words: built for this torch, CUDA
-    and Python, from ``sources`` as they are now (an editable install whose
-    sources were edited since must rebuild; None: not checked), with CUDA
-    kernels for every GPU here when this machine could build them."""
+    beside it) fits this process, and why in words: a stable-ABI library
+    (its record names the torch it targets) fits every torch from that one
+    on, any CUDA and any Python; any other was built for this torch, CUDA and
+    Python. Either must come from ``sources`` as they are now (an editable
+    install whose sources were edited since must rebuild; None: not checked),
+    with CUDA kernels for every GPU here when this machine could build them."""
     from opforge.builder import want_cuda
 
     if not so.is_file():
@@ -108,13 +125,19 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
         return False, f"the prebuilt {so.name} has no readable build record {record_path.name} ({exc})"
     import torch
 
-    for field, here in (("torch", torch.__version__), ("cuda", torch.version.cuda), ("python", sys.implementation.cache_tag)):
-        if record.get(field) != here:
-            return False, f"the prebuilt {so.name} was built for {field} {record.get(field)}, this is {here}"
+    target = record.get("stable")
+    if target:
+        ok, why = _fits_torch(so, str(target), torch.__version__)
+        if not ok:
+            return False, why
+    else:
+        for field, here in (("torch", torch.__version__), ("cuda", torch.version.cuda), ("python", sys.implementation.cache_tag)):
+            if record.get(field) != here:
+                return False, f"the prebuilt {so.name} was built for {field} {record.get(field)}, this is {here}"
     with_cuda = bool(record.get("with_cuda"))
     if sources is not None and record.get("sources_digest") != sources(with_cuda).sources_digest():
         return False, f"the sources changed since {so.name} was built (an editable install): the JIT route builds them"
-    if not with_cuda and want_cuda() and _gpu_capabilities():
+    if not with_cuda and want_cuda(stable=bool(target)) and _gpu_capabilities():
         return False, f"the prebuilt {so.name} has no CUDA kernels, and this machine has a GPU and nvcc: the JIT route builds them"
     if with_cuda:
         built = tuple(record.get("cuda_archs", ()))
@@ -122,7 +145,25 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
         if missing:
             return False, f"the prebuilt {so.name} has kernels for sm {', '.join(built)}, not for this GPU's {', '.join(missing)}"
     what = f"CUDA kernels for sm {', '.join(record.get('cuda_archs', []))}" if with_cuda else "CPU kernels only"
+    if target:
+        return True, f"prebuilt {so.name} (stable ABI: torch {target} and later, this is {torch.__version__}; {what})"
     return True, f"prebuilt {so.name} (torch {record['torch']}, {what})"
+
+
+def _fits_torch(so: Path, target: str, version: str) -> tuple[bool, str]:
+    """Whether torch ``version`` is the stable-ABI ``target`` or newer, by major.minor."""
+    from opforge.builder.stable import parse_target
+
+    try:
+        wanted = parse_target(target)
+    except ValueError:
+        return False, f"the build record of the prebuilt {so.name} names no torch version it targets (stable: {target!r})"
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        return False, f"this torch's version {version!r} cannot be compared with the torch {target} the prebuilt {so.name} targets"
+    if (int(m[1]), int(m[2])) < wanted:
+        return False, f"the prebuilt {so.name} is on the stable ABI of torch {target} and later, this is torch {version}"
+    return True, ""
 
 
 def choose_prebuilt() -> tuple[Path | None, str]:
@@ -206,6 +247,7 @@ def load_package_library(so: Path, sources: SourcesConfig | None, *, what: str) 
 
 __all__ = [
     "MODES",
+    "STABLE_SUFFIX",
     "SourcesConfig",
     "choose_prebuilt",
     "explain_load_error",

@@ -321,7 +321,9 @@ def resolve(*, with_cuda: bool) -> Toolchain:
 def overrides(tc: Toolchain) -> dict[str, str]:
     """The variables a build's environment takes for ``tc``: ``CXX``, and
     ``CC`` for nvcc's host compiler; also for a build run in a subprocess."""
-    wanted = {"CXX": tc.cxx.use}
+    # Only what differs from the environment: a build's cache key reads CXX, and a build in another
+    # thread (the fast path's, beside the op library's) must not see it change under it.
+    wanted = {"CXX": tc.cxx.use} if tc.cxx.fell_back else {}
     if tc.cuda_host is not None and (tc.cuda_host.fell_back or os.environ.get("CUDAHOSTCXX")):
         wanted["CC"] = tc.cuda_host.use
     return wanted

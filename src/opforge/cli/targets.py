@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 
 
 def library() -> Library:
-    """The op library, built and loaded; a build failure is a message, not a traceback."""
+    """The op library, built and loaded, and the eager fast path attached (its
+    first build finished), so that what a command times and checks is what a
+    user's calls run; a build failure is a message, not a traceback."""
     import opforge
     from opforge.builder import BuildError
 
     try:
-        return opforge.load()
+        return opforge.load(wait_fast=True)
     except BuildError as exc:
         err.print(str(exc), highlight=False, markup=False)
         raise SystemExit(1) from None
@@ -108,13 +110,13 @@ def specs_of(names: Sequence[str], *, own_library: bool = True) -> list[OpSpec]:
 def fast_path_for_packages() -> None:
     """A package's public functions take the eager fast path, as they do in a
     user's process (where importing the package imports opforge, which loads its
-    library): the fast path's module lives in opforge's op library, so it is
-    loaded before the packages are. Without it they are timed through torch.ops."""
+    library and the fast path's module): both are loaded before the packages
+    are. Without them they are timed through torch.ops."""
     import opforge
     from opforge.builder import BuildError
 
     try:
-        opforge.load()
+        opforge.load(wait_fast=True)
     except BuildError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         err.print(f"opforge bench: opforge's op library did not build ({first}); package operators are timed without the eager fast path",

@@ -3,9 +3,9 @@
 Each rule is written here once and read three ways: the fake kernels check it
 at trace time (``Rule.check``), the specs' bad inputs expect its message
 (``Rule.bad`` builds the anchored pattern from the same words), and the C++
-wrappers raise the same words from csrc/opforge/common.h, which
+wrappers raise the same words from csrc/opforge/stable/common.h, which
 ``opforge check`` compares against these patterns on every bad input, on every
-device. A change of wording is therefore one edit here and one in common.h,
+device. A change of wording is therefore one edit here and one in stable/common.h,
 and a test fails until both agree.
 
 Why the C++ checks are not the only source: a C++ Meta kernel that runs the
@@ -44,7 +44,10 @@ def show(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule's message: ``template`` with ``str.format`` fields, and the exception type."""
+    """One rule's message: ``template`` with ``str.format`` fields, and the exception type.
+
+    A wrong dtype is a ValueError: the stable ABI carries C++'s
+    std::invalid_argument to Python as ValueError and has no way to raise TypeError."""
 
     template: str
     error: type[Exception] = RuntimeError
@@ -63,8 +66,8 @@ class Rule:
         return f"^{re.escape(op)}: " + "".join(parts)
 
     def check(self, cond: Any, op: str, **fields: Any) -> None:
-        """``torch._check`` (or ``_check_type``) with this rule's message, built only when it fails."""
-        checker: Callable[..., None] = torch._check_type if self.error is TypeError else torch._check
+        """``torch._check`` (or ``_check_value``) with this rule's message, built only when it fails."""
+        checker: Callable[..., None] = torch._check_value if self.error is ValueError else torch._check
         checker(cond, lambda: self.message(op, **fields))
 
     def bad(self, desc: str, args: tuple[Any, ...], op: str, kwargs: Mapping[str, Any] | None = None, **fields: Any) -> BadInput:
@@ -72,16 +75,16 @@ class Rule:
         return BadInput(desc, args, dict(kwargs or {}), match=self.pattern(op, **fields), error=self.error)
 
 
-FLOATING = Rule("{name} must be " + DTYPE_WORDS + ", got {got}", TypeError)
+FLOATING = Rule("{name} must be " + DTYPE_WORDS + ", got {got}", ValueError)
 SAME_DEVICE = Rule("{a} and {b} must be on the same device, got {got_a} and {got_b}")
-SAME_DTYPE = Rule("{a} and {b} must have the same dtype, got {got_a} and {got_b}", TypeError)
+SAME_DTYPE = Rule("{a} and {b} must have the same dtype, got {got_a} and {got_b}", ValueError)
 SAME_SHAPE = Rule("{a} and {b} must have the same shape, got {got_a} and {got_b}")
 TWO_D = Rule("{name} must be 2-D {layout}, got shape {got}")
 SHAPE = Rule("{name} must have shape {how} = {want}, got {got}")
 OUT_DEVICE = Rule("out must be on {want}, got {got}")
-OUT_DTYPE = Rule("out must have dtype {want}, got {got}", TypeError)
+OUT_DTYPE = Rule("out must have dtype {want}, got {got}", ValueError)
 OUT_SHAPE = Rule("out must have shape {want}, got {got}")
-OUT_SHARES = Rule("out shares memory with input {name}")  # C++ adds the storage address
+OUT_SHARES = Rule("out shares memory with input {name}")  # C++ adds the address
 OUT_SELF_OVERLAP = Rule("out has elements that share memory (strides {strides}); pass a tensor with distinct elements")
 
 ANY_CUDA = Pattern(r"cuda:\d+")

@@ -171,25 +171,25 @@ def _bad_forward(device: torch.device) -> list[BadInput]:
         return BadInput(desc, args, match=rf"^{q}: {match}", error=error)
 
     cases = [
-        bad("int32 input", (x.int(), w, b, h, c), rf"input must be {words}, got torch\.int32", TypeError),
-        bad("complex input", (x.to(torch.complex64), w, b, h, c), rf"input must be {words}, got torch\.complex64", TypeError),
+        bad("int32 input", (x.int(), w, b, h, c), rf"input must be {words}, got torch\.int32", ValueError),
+        bad("complex input", (x.to(torch.complex64), w, b, h, c), rf"input must be {words}, got torch\.complex64", ValueError),
         bad(
             "float64 weights",
             (x, w.double(), b, h, c),
             r"input and weights must have the same dtype, got torch\.float32 and torch\.float64",
-            TypeError,
+            ValueError,
         ),
         bad(
             "float16 bias",
             (x, w, b.half(), h, c),
             r"input and bias must have the same dtype, got torch\.float32 and torch\.float16",
-            TypeError,
+            ValueError,
         ),
         bad(
             "bfloat16 old_cell",
             (x, w, b, h, c.bfloat16()),
             r"input and old_cell must have the same dtype, got torch\.float32 and torch\.bfloat16",
-            TypeError,
+            ValueError,
         ),
         bad("1-D input", (f32(F_), w, b, h, c), r"input must be 2-D \[batch, input_features\], got shape \[5\]"),
         bad("3-D old_h", (x, w, b, f32(1, B, S), c), r"old_h must be 2-D \[batch, state_size\], got shape \[1, 4, 3\]"),
@@ -244,16 +244,16 @@ def _bad_backward(device: torch.device) -> list[BadInput]:
         return BadInput(desc, call, match=rf"^{q}: {match}", error=error)
 
     cases = [
-        bad("int32 input", TypeError, r"input must be float32, float16, bfloat16 or float64, got torch\.int32", input=args[5].int()),
+        bad("int32 input", ValueError, r"input must be float32, float16, bfloat16 or float64, got torch\.int32", input=args[5].int()),
         bad(
             "float64 grad_h",
-            TypeError,
+            ValueError,
             r"input and grad_h must have the same dtype, got torch\.float32 and torch\.float64",
             grad_h=args[0].double(),
         ),
         bad(
             "float16 gates",
-            TypeError,
+            ValueError,
             r"input and gates must have the same dtype, got torch\.float32 and torch\.float16",
             gates=args[4].half(),
         ),

@@ -79,7 +79,7 @@ _WHY = {
 
 
 def _expect_dtype(name: str, t: torch.Tensor, want: torch.dtype) -> None:
-    torch._check_type(t.dtype == want, lambda: f"{OP}: {name} must be {want} ({_WHY[name]}), got {t.dtype}")
+    torch._check_value(t.dtype == want, lambda: f"{OP}: {name} must be {want} ({_WHY[name]}), got {t.dtype}")
 
 
 def _expect_device(name: str, t: torch.Tensor, a: torch.Tensor) -> None:
@@ -125,7 +125,7 @@ def _fake(
     else:
         torch._check(group_size == -1, lambda: f"{OP}: group_size must be -1 (per channel) when s_group is None, got {group_size}")
     dt = out_dtype or torch.float16
-    torch._check_type(dt in OUT_DTYPES, lambda: f"{OP}: out_dtype must be float16, bfloat16 or float32, got {dt}")
+    torch._check_value(dt in OUT_DTYPES, lambda: f"{OP}: out_dtype must be float16, bfloat16 or float32, got {dt}")
     return a.new_empty((M, N), dtype=dt)
 
 
@@ -230,25 +230,25 @@ def _bad(device: torch.device) -> list[BadInput]:
             "float32 a",
             (a.float(), w, st, sc, sg, gs),
             r"a must be torch\.int8 \(per-token quantised activations\), got torch\.float32",
-            TypeError,
+            ValueError,
         ),
-        bad("uint8 a", (a.to(torch.uint8), w, st, sc, sg, gs), r"a must be torch\.int8 .*, got torch\.uint8", TypeError),
+        bad("uint8 a", (a.to(torch.uint8), w, st, sc, sg, gs), r"a must be torch\.int8 .*, got torch\.uint8", ValueError),
         rules.TWO_D.bad("1-D a", (a.reshape(-1), w, st, sc, sg, gs), q, name="a", layout="[M, K]", got=[1024]),
         bad(
             "int8 w_packed",
             (a, w.to(torch.int8), st, sc, sg, gs),
             r"w_packed must be torch\.int32 \(int4 weights .*\), got torch\.int8",
-            TypeError,
+            ValueError,
         ),
         rules.TWO_D.bad("3-D w_packed", (a, w[None], st, sc, sg, gs), q, name="w_packed", layout="[K / 8, N]", got=[1, 32, 64]),
         bad(
-            "float16 s_tok", (a, w, st.half(), sc, sg, gs), r"s_tok must be torch\.float32 \(per-token .*\), got torch\.float16", TypeError
+            "float16 s_tok", (a, w, st.half(), sc, sg, gs), r"s_tok must be torch\.float32 \(per-token .*\), got torch\.float16", ValueError
         ),
         bad(
             "float64 s_ch",
             (a, w, st, sc.double(), sg, gs),
             r"s_ch must be torch\.float32 \(per-channel .*\), got torch\.float64",
-            TypeError,
+            ValueError,
         ),
         bad(
             "K not a multiple of 32", (i8(M, 48), i32(6, N), st, sc, None, -1), r"K = a\.size\(1\) must be a multiple of 32 \(.*\), got 48"
@@ -283,7 +283,7 @@ def _bad(device: torch.device) -> list[BadInput]:
             "int32 s_group",
             (a, w, st, sc, sg.int(), gs),
             r"s_group must be torch\.int8 \(integer group scales .*\), got torch\.int32",
-            TypeError,
+            ValueError,
         ),
         rules.SHAPE.bad(
             "s_group of another group count",
@@ -304,13 +304,13 @@ def _bad(device: torch.device) -> list[BadInput]:
             "float64 out_dtype",
             (a, w, st, sc, sg, gs, torch.float64),
             r"out_dtype must be float16, bfloat16 or float32, got torch\.float64",
-            TypeError,
+            ValueError,
         ),
         bad(
             "int32 out_dtype",
             (a, w, st, sc, sg, gs, torch.int32),
             r"out_dtype must be float16, bfloat16 or float32, got torch\.int32",
-            TypeError,
+            ValueError,
         ),
     ]
     if device.type == "cuda":

@@ -14,18 +14,15 @@
 //   template <typename A> void operator()(const A* in, A* out) const;   // A = float or double
 //   OPFORGE_AVX2 void operator()(const __m256* in, __m256* out) const;  // under OPFORGE_X86_AVX2
 // and for_each_element runs it over n elements of dense buffers, split
-// between ATen's threads at torch's grain.
-
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+// between torch's threads (through the stable shim) at torch's grain.
 
 #include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+
+#include "opforge/stable/common.h"
 
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define OPFORGE_X86_AVX2 1
@@ -46,7 +43,7 @@ namespace detail {
 template <typename Op, typename T>
 void loop_plain(const Op& op, const std::array<const T*, Op::kIn> in,
                 const std::array<T*, Op::kOut> out, int64_t begin, int64_t end) {
-  using A = at::opmath_type<T>;
+  using A = opmath_t<T>;
   for (int64_t i = begin; i < end; ++i) {
     A x[Op::kIn];
     A y[Op::kOut];
@@ -157,7 +154,7 @@ OPFORGE_AVX2 void loop_avx2(const Op& op, const std::array<const T*, Op::kIn> in
 template <typename T, typename Op>
 void for_each_element(const Op& op, int64_t n, const std::array<const T*, Op::kIn>& in,
                       const std::array<T*, Op::kOut>& out) {
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
 #ifdef OPFORGE_X86_AVX2
     if constexpr (!std::is_same_v<T, double>) {
       if (detail::cpu_has_avx2()) {

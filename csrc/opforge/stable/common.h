@@ -1,0 +1,395 @@
+#pragma once
+// Helpers every operator wrapper of opforge's own library uses, on PyTorch's
+// stable ABI: the library calls libtorch only through the stable C shim
+// (torch/csrc/stable) and header-only code (torch/headeronly), so one build
+// loads in every torch from TORCH_TARGET_VERSION on. No ATen or c10 header.
+//
+// What is here: input checks whose messages start with the operator's name
+// and show the offending value (the same words as opforge/ops/_rules.py), the
+// dtype mapping for the pure-CUDA launchers, output allocation, and kernel
+// registration for every backend the build has.
+
+// The oldest torch the library runs on: the headers hide every API newer than
+// it, so code that would need a newer torch does not compile. The build passes
+// it (opforge.builder.LIBRARY_TARGET); this default serves a bare compile.
+#ifndef TORCH_TARGET_VERSION
+#define TORCH_TARGET_VERSION (((0ULL + 2) << 56) | ((0ULL + 10) << 48))
+#endif
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Dispatch.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#ifdef OPFORGE_WITH_CUDA
+#include <dlfcn.h>
+#endif
+
+#include "opforge/dtype.h"
+
+namespace opforge {
+
+using Tensor = torch::stable::Tensor;
+using ScalarType = torch::headeronly::ScalarType;
+using IntArrayRef = torch::headeronly::IntHeaderOnlyArrayRef;
+using Library = torch::stable::detail::StableLibrary;
+
+// The type a kernel computes in: float for the half types (rounded once on
+// the way out), the type itself otherwise; ATen's opmath_type.
+template <typename T>
+struct OpMath {
+  using type = T;
+};
+template <>
+struct OpMath<c10::Half> {
+  using type = float;
+};
+template <>
+struct OpMath<c10::BFloat16> {
+  using type = float;
+};
+template <typename T>
+using opmath_t = typename OpMath<T>::type;
+
+// A shape or stride list as torch prints it: [3, 4].
+struct Dims {
+  IntArrayRef v;
+};
+inline std::ostream& operator<<(std::ostream& os, const Dims& d) {
+  os << '[';
+  for (size_t i = 0; i < d.v.size(); ++i) os << (i ? ", " : "") << d.v[i];
+  return os << ']';
+}
+inline Dims dims(IntArrayRef v) { return Dims{v}; }
+
+template <typename... Args>
+std::string message(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+// torch turns std::runtime_error into RuntimeError and std::invalid_argument
+// into ValueError; a wrong dtype is the latter (the stable ABI has no way to
+// raise TypeError).
+#define OPFORGE_CHECK(cond, ...)                                            \
+  do {                                                                      \
+    if (!(cond)) throw std::runtime_error(::opforge::message(__VA_ARGS__)); \
+  } while (0)
+#define OPFORGE_CHECK_VALUE(cond, ...)                                         \
+  do {                                                                         \
+    if (!(cond)) throw std::invalid_argument(::opforge::message(__VA_ARGS__)); \
+  } while (0)
+
+// Python's spelling of a dtype, so a message reads "got torch.int32" as the
+// user wrote it.
+inline std::string dtype_name(ScalarType st) {
+  switch (st) {
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    case ScalarType::Double: return "torch.float64";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Long: return "torch.int64";
+    case ScalarType::Short: return "torch.int16";
+    case ScalarType::Char: return "torch.int8";
+    case ScalarType::Byte: return "torch.uint8";
+    case ScalarType::Bool: return "torch.bool";
+    case ScalarType::ComplexFloat: return "torch.complex64";
+    case ScalarType::ComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + torch::headeronly::toString(st);
+  }
+}
+
+inline DType to_dtype(ScalarType st) {
+  switch (st) {
+    case ScalarType::Float: return DType::Float32;
+    case ScalarType::Half: return DType::Float16;
+    case ScalarType::BFloat16: return DType::BFloat16;
+    default: return DType::Float64;  // callers ran check_floating first
+  }
+}
+
+// A device as torch prints it: cpu, cuda:0.
+inline std::string device_name(const Tensor& t) {
+  if (t.is_cpu()) return "cpu";
+  if (t.is_cuda()) return message("cuda:", static_cast<int>(t.get_device_index()));
+  return message("device ", static_cast<int>(t.get_device_index()));
+}
+
+inline bool same_device(const Tensor& a, const Tensor& b) {
+  return a.is_cuda() == b.is_cuda() && a.is_cpu() == b.is_cpu() && a.get_device_index() == b.get_device_index();
+}
+
+inline bool same_dims(IntArrayRef a, IntArrayRef b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+inline void check_defined(const char* op, const char* name, const Tensor& t) {
+  OPFORGE_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+}
+
+inline bool is_floating(ScalarType st) {
+  return st == ScalarType::Float || st == ScalarType::Half || st == ScalarType::BFloat16 || st == ScalarType::Double;
+}
+
+inline void check_floating(const char* op, const char* name, const Tensor& t) {
+  check_defined(op, name, t);
+  OPFORGE_CHECK_VALUE(is_floating(t.scalar_type()), op, ": ", name,
+                      " must be float32, float16, bfloat16 or float64, got ", dtype_name(t.scalar_type()));
+}
+
+// Device and dtype of `t` equal to those of `ref`, shapes free: for ops
+// whose tensors have different shapes (lltm, gemm), where check_same does not fit.
+inline void check_like(const char* op, const char* ref_name, const Tensor& ref, const char* name, const Tensor& t) {
+  check_defined(op, name, t);
+  OPFORGE_CHECK(same_device(ref, t), op, ": ", ref_name, " and ", name, " must be on the same device, got ",
+                device_name(ref), " and ", device_name(t));
+  OPFORGE_CHECK_VALUE(ref.scalar_type() == t.scalar_type(), op, ": ", ref_name, " and ", name,
+                      " must have the same dtype, got ", dtype_name(ref.scalar_type()), " and ",
+                      dtype_name(t.scalar_type()));
+}
+
+// `layout` names the dimensions, e.g. "[batch, input_features]".
+inline void check_2d(const char* op, const char* name, const Tensor& t, const char* layout) {
+  OPFORGE_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D ", layout, ", got shape ", dims(t.sizes()));
+}
+
+// `t` has exactly `want`; `how` says where the expected sizes come from.
+inline void check_shape(const char* op, const char* name, const Tensor& t, IntArrayRef want, const char* how) {
+  OPFORGE_CHECK(same_dims(t.sizes(), want), op, ": ", name, " must have shape ", how, " = ", dims(want), ", got ",
+                dims(t.sizes()));
+}
+
+// Same device, dtype and shape: what every elementwise operator of two or more
+// tensors asks. No broadcasting: a shape mismatch is almost always a bug in
+// the caller, and silent broadcasting would hide it.
+inline void check_same(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
+  check_like(op, name_a, a, name_b, b);
+  OPFORGE_CHECK(same_dims(a.sizes(), b.sizes()), op, ": ", name_a, " and ", name_b, " must have the same shape, got ",
+                dims(a.sizes()), " and ", dims(b.sizes()));
+}
+
+// Whether some element of `t` is stored twice: a dimension of more than one
+// element with stride 0 (an expanded view). Other overlapping layouts are not
+// looked for, as ATen's has_internal_overlap answers "too hard" for them.
+inline bool has_internal_overlap(const Tensor& t) {
+  const IntArrayRef sizes = t.sizes();
+  const IntArrayRef strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] > 1 && strides[d] == 0) return true;
+  }
+  return false;
+}
+
+// The bytes [first, last] a tensor's elements span; empty for no elements.
+inline std::pair<uintptr_t, uintptr_t> byte_span(const Tensor& t) {
+  const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  int64_t last = 0;
+  const IntArrayRef sizes = t.sizes();
+  const IntArrayRef strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) last += (sizes[d] - 1) * strides[d];
+  return {base, base + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size())) - 1};
+}
+
+// Whether two tensors may share memory: their byte spans intersect. Tensors
+// of different storages never do; within one storage this refuses whatever
+// ATen's overlap check would not call disjoint.
+inline bool may_overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a0, a1] = byte_span(a);
+  const auto [b0, b1] = byte_span(b);
+  return a0 <= b1 && b0 <= a1;
+}
+
+// An out= tensor must match the result exactly and must not share memory with
+// an input: the kernels read and write in an order that only holds for
+// disjoint buffers, so an overlap would be a silent wrong answer.
+inline void check_out(const char* op, const Tensor& out, const Tensor& like,
+                      std::initializer_list<std::pair<const char*, const Tensor*>> inputs) {
+  check_defined(op, "out", out);
+  OPFORGE_CHECK(same_device(out, like), op, ": out must be on ", device_name(like), ", got ", device_name(out));
+  OPFORGE_CHECK_VALUE(out.scalar_type() == like.scalar_type(), op, ": out must have dtype ",
+                      dtype_name(like.scalar_type()), ", got ", dtype_name(out.scalar_type()));
+  OPFORGE_CHECK(same_dims(out.sizes(), like.sizes()), op, ": out must have shape ", dims(like.sizes()), ", got ",
+                dims(out.sizes()));
+  OPFORGE_CHECK(!has_internal_overlap(out), op, ": out has elements that share memory (strides ", dims(out.strides()),
+                "); pass a tensor with distinct elements");
+  for (const auto& [name, input] : inputs) {
+    OPFORGE_CHECK(!may_overlap(out, *input), op, ": out shares memory with input ", name, " (address ",
+                  out.const_data_ptr(), "); pass an out tensor that shares no memory with the inputs");
+  }
+}
+
+// The shim's code of a dtype.
+inline int32_t shim_dtype(ScalarType st) {
+  switch (st) {
+    case ScalarType::Float: return aoti_torch_dtype_float32();
+    case ScalarType::Half: return aoti_torch_dtype_float16();
+    case ScalarType::BFloat16: return aoti_torch_dtype_bfloat16();
+    case ScalarType::Double: return aoti_torch_dtype_float64();
+    case ScalarType::Char: return aoti_torch_dtype_int8();
+    case ScalarType::Byte: return aoti_torch_dtype_uint8();
+    case ScalarType::Int: return aoti_torch_dtype_int32();
+    case ScalarType::Long: return aoti_torch_dtype_int64();
+    default: break;
+  }
+  throw std::invalid_argument(message("opforge: no tensor of dtype ", dtype_name(st), " is allocated here"));
+}
+
+// A new tensor of `sizes` and `strides` on `like`'s device. The shim allocates
+// a CPU tensor straight from the allocator (as TensorIterator does torch's own
+// results), not through the dispatcher.
+inline Tensor empty_strided(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, const Tensor& like) {
+  AtenTensorHandle handle = nullptr;
+  const bool cuda = like.is_cuda();
+  const int32_t device_type = cuda ? aoti_torch_device_type_cuda() : aoti_torch_device_type_cpu();
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
+                                                  shim_dtype(dtype), device_type, cuda ? like.get_device_index() : 0,
+                                                  &handle));
+  return Tensor(handle);
+}
+
+// Row-major strides of `sizes`.
+inline std::vector<int64_t> contiguous_strides(IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t next = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = next;
+    next *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  return strides;
+}
+
+// A new row-major tensor of `sizes` and `dtype` on `like`'s device.
+inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, const Tensor& like) {
+  const IntArrayRef s(sizes.begin(), sizes.size());
+  const std::vector<int64_t> strides = contiguous_strides(s);
+  return empty_strided(s, IntArrayRef(strides.data(), strides.size()), dtype, like);
+}
+inline Tensor empty_like_shape(IntArrayRef sizes, const Tensor& like) {
+  const std::vector<int64_t> strides = contiguous_strides(sizes);
+  return empty_strided(sizes, IntArrayRef(strides.data(), strides.size()), like.scalar_type(), like);
+}
+
+// Calls an ATen operator through the dispatcher (the shim's boxed call), for
+// the few a wrapper hands to torch (matrix products, a concatenation): each
+// argument is converted as TORCH_BOX converts a kernel's; a Scalar argument
+// (addmm's alpha and beta) is not among them. Returns the first output; an
+// out= overload's output is the out tensor itself.
+template <typename... Args>
+Tensor call_aten(const char* name, const char* overload, const Args&... args) {
+  std::array<StableIValue, sizeof...(Args) == 0 ? 1 : sizeof...(Args)> stack{torch::stable::detail::from(args)...};
+  TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
+// `t` itself when contiguous, else a contiguous copy: the check first, so the
+// usual case costs no call through the dispatcher (as ATen's contiguous()).
+inline Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+// A CPU elementwise loop over [0, n) on torch's thread pool (through the shim).
+template <typename F>
+inline void parallel_for_each(int64_t n, F&& f) {
+  // torch's own elementwise grain: below 32K elements waking the thread team
+  // costs more than these streaming loops.
+  constexpr int64_t kGrain = 32768;
+  torch::stable::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) f(i);
+  });
+}
+
+// Dispatch on the four floating dtypes the operators accept; `scalar_t` is
+// float, c10::Half, c10::BFloat16 or double.
+#define OPFORGE_DISPATCH_FLOATING(TYPE, NAME, ...)                          \
+  THO_DISPATCH_SWITCH(TYPE, NAME, THO_DISPATCH_CASE(ScalarType::Float, __VA_ARGS__) \
+                                      THO_DISPATCH_CASE(ScalarType::Half, __VA_ARGS__) \
+                                          THO_DISPATCH_CASE(ScalarType::BFloat16, __VA_ARGS__) \
+                                              THO_DISPATCH_CASE(ScalarType::Double, __VA_ARGS__))
+
+#ifdef OPFORGE_WITH_CUDA
+// The current CUDA stream of `device`, as an opaque pointer for the pure-CUDA
+// launchers. The shim function lives in libtorch_cuda, which a CPU build of
+// torch lacks: it is looked up when first needed (a CUDA tensor means a CUDA
+// torch), so that the same library also loads where torch has no CUDA.
+inline void* current_cuda_stream(int32_t device) {
+  using Get = AOTITorchError (*)(int32_t, void**);
+  static const Get get = [] {
+    void* fn = dlsym(RTLD_DEFAULT, "aoti_torch_get_current_cuda_stream");
+    if (fn == nullptr) {
+      // torch loads its libraries without RTLD_GLOBAL: ask the loaded one.
+      if (void* lib = dlopen("libtorch_cuda.so", RTLD_LAZY | RTLD_NOLOAD)) fn = dlsym(lib, "aoti_torch_get_current_cuda_stream");
+    }
+    return reinterpret_cast<Get>(fn);
+  }();
+  OPFORGE_CHECK(get != nullptr, "opforge: a CUDA tensor, but this torch has no CUDA stream API (libtorch_cuda)");
+  void* stream = nullptr;
+  OPFORGE_CHECK(get(device, &stream) == AOTI_TORCH_SUCCESS, "opforge: no current CUDA stream for device ", device);
+  return stream;
+}
+#endif
+
+// Runs an operator's kernel over `out`'s elements: on a CUDA tensor, the
+// launcher under a guard for its device with the current stream
+// (`launch(void* stream)` returns nullptr or CUDA's error string); on the CPU,
+// `cpu_loop()`. Nothing runs for an empty tensor (a zero-block grid is a
+// launch error). `launch` is a generic lambda so a CPU-only build never
+// instantiates it and needs no launcher symbols.
+template <typename Launch, typename CpuLoop>
+void run_kernel(const char* op, const Tensor& out, Launch&& launch, CpuLoop&& cpu_loop) {
+  if (out.numel() == 0) return;
+#ifdef OPFORGE_WITH_CUDA
+  if (out.is_cuda()) {
+    const int32_t device = out.get_device_index();
+    const torch::stable::accelerator::DeviceGuard guard(device);
+    const char* error = launch(current_cuda_stream(device));
+    if (error != nullptr && std::string(error).find("no kernel image") != std::string::npos) {
+      // The most common launch failure of a JIT-built library: it was built
+      // for other archs than this GPU's (TORCH_CUDA_ARCH_LIST set elsewhere).
+      OPFORGE_CHECK(false, op, ": CUDA kernel failed: ", error,
+                    ". The op library has no code for this GPU's architecture: rebuild with "
+                    "TORCH_CUDA_ARCH_LIST including it (or unset it to target the GPUs found); "
+                    "`opforge doctor` lists both");
+    }
+    OPFORGE_CHECK(error == nullptr, op, ": CUDA kernel failed: ", error);
+    return;
+  }
+#endif
+  cpu_loop();
+}
+
+}  // namespace opforge
+
+// Registers one device-agnostic wrapper set, `register_fn(opforge::Library&)`,
+// for the CPU and (in a CUDA build) the CUDA dispatch keys, so an operator
+// writes its registrations once. An operator that writes an argument gets its
+// autograd kernel outside this library (opforge.autograd: the fast-path
+// module's C++ one, else a Python one), as the stable ABI does not reach
+// autograd's state.
+#ifdef OPFORGE_WITH_CUDA
+#define OPFORGE_REGISTER_KERNELS(ns, register_fn)     \
+  STABLE_TORCH_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); } \
+  STABLE_TORCH_LIBRARY_IMPL(ns, CUDA, m) { register_fn(m); }
+#else
+#define OPFORGE_REGISTER_KERNELS(ns, register_fn) \
+  STABLE_TORCH_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); }
+#endif
