@@ -62,7 +62,7 @@ inline void check_defined(const char* op, const char* name, const at::Tensor& t)
 inline void check_floating(const char* op, const char* name, const at::Tensor& t) {
   check_defined(op, name, t);
   const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(
+  TORCH_CHECK_VALUE(
       st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble, op, ": ",
       name, " must be float32, float16, bfloat16 or float64, got ", dtype_name(st));
 }
@@ -74,7 +74,7 @@ inline void check_like(const char* op, const char* ref_name, const at::Tensor& r
   check_defined(op, name, t);
   TORCH_CHECK(ref.device() == t.device(), op, ": ", ref_name, " and ", name,
               " must be on the same device, got ", ref.device(), " and ", t.device());
-  TORCH_CHECK_TYPE(ref.scalar_type() == t.scalar_type(), op, ": ", ref_name, " and ", name,
+  TORCH_CHECK_VALUE(ref.scalar_type() == t.scalar_type(), op, ": ", ref_name, " and ", name,
                    " must have the same dtype, got ", dtype_name(ref.scalar_type()), " and ",
                    dtype_name(t.scalar_type()));
 }
@@ -109,7 +109,7 @@ inline void check_out(const char* op, const at::Tensor& out, const at::Tensor& l
   check_defined(op, "out", out);
   TORCH_CHECK(out.device() == like.device(), op, ": out must be on ", like.device(), ", got ",
               out.device());
-  TORCH_CHECK_TYPE(out.scalar_type() == like.scalar_type(), op, ": out must have dtype ",
+  TORCH_CHECK_VALUE(out.scalar_type() == like.scalar_type(), op, ": out must have dtype ",
                    dtype_name(like.scalar_type()), ", got ", dtype_name(out.scalar_type()));
   TORCH_CHECK(out.sizes() == like.sizes(), op, ": out must have shape ", like.sizes(), ", got ",
               out.sizes());
