@@ -194,9 +194,13 @@ def test_cuda_package_builds_checks_benches_and_is_stable(cuda_package, env):
     res = opforge_cli(env, *args)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count(f"{CUDA_NAME} ") >= 4 and "refused" not in res.stdout
-    res = run(env, "-m", "opforge.abi", str(library_path(env, root)))
+    lib = library_path(env, root)
+    res = run(env, "-m", "opforge.abi", str(lib))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "CUDA runtime" in res.stdout and "verdict: stable: loads in every torch >= 2.10" in res.stdout
+    assert "verdict: stable: loads in every torch >= 2.10" in res.stdout
+    # The CUDA runtime linked in statically, torch's CPU library alone dynamically: it loads without a GPU.
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+    assert "libtorch_cpu.so" in needed and "libcudart" not in needed and "libtorch_cuda" not in needed and "libc10" not in needed
     # On another GPU than the first, the device guard sends the kernel to the tensor's device.
     code = (
         f"import torch, sys; sys.path.insert(0, {str(root / 'src')!r}); import {CUDA_NAME} as p; "
