@@ -53,11 +53,12 @@ def cache_with_library(root: Path) -> Path:
     entries are copied in, so a process using this cache loads them at once
     instead of building them."""
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    entries = [LIBRARY.path.parent] if LIBRARY.route == "jit" else []
-    if FAST is not None:  # else every process in that cache would build it again, in the background
-        entries.append(Path(FAST.__file__).parent)
-    for entry in entries:
-        if entry.parent == cache_root() and not (root / entry.name).exists():
+    # Every complete entry of both (a process with other compiler variables has a fast-path module of its
+    # own key): else each process in that cache would build the module again, in the background.
+    entries = [*cache_root().glob("opforge_ops-*/COMPLETE.json"), *cache_root().glob("opforge_fast-*/COMPLETE.json")]
+    for marker in entries:
+        entry = marker.parent
+        if not (root / entry.name).exists():
             shutil.copytree(entry, root / entry.name)
     return root
 
