@@ -1,7 +1,7 @@
 # Sourced by main.sh and test.sh: a virtual environment with torch and opforge
 # in it, made once in .venv and reused. It installs torch explicitly before the
 # project: a bare `torch` requirement with none installed pulls a multi-GB CUDA
-# build. Where a torch >= 2.5 is already installed for python3 (a GPU machine's
+# build. Where a torch >= 2.10 is already installed for python3 (a GPU machine's
 # CUDA build), the venv sees it and uses it instead.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,7 +18,7 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 export PATH="$PWD/.venv/bin:$PATH"
-if ! python -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 5))' 2>/dev/null; then
+if ! python -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 10))' 2>/dev/null; then
   echo "installing $TORCH_SPEC (CPU build where no CUDA is wanted)" >&2
   python -m pip install -q "$TORCH_SPEC"
 fi

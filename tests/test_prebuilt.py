@@ -274,7 +274,9 @@ def test_wheel_installs_and_passes_the_cpu_tests_in_a_fresh_venv(tmp_path):
     purelib = subprocess.run(
         [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
     )
-    (Path(purelib.stdout.strip()) / "outer_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    # Every site folder this process sees, those a .pth file of its own venv chains in too.
+    outer = [*site.getsitepackages(), *(p for p in sys.path if p.endswith("site-packages") and p not in site.getsitepackages())]
+    (Path(purelib.stdout.strip()) / "outer_packages.pth").write_text("\n".join(outer) + "\n")
     res = subprocess.run([py, "-c", "import opforge"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert res.returncode != 0 and "No module named 'opforge'" in res.stderr, "the venv sees an opforge before the wheel is in"
     res = subprocess.run(
