@@ -9,13 +9,13 @@ NVCC=${NVCC:-nvcc}
 command -v "$NVCC" >/dev/null || { echo "nvcc_check: nvcc not found (set NVCC)" >&2; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-status=0
-for cu in csrc/ops/*/*.cu; do
-  log="$out/$(basename "$cu").log"
+check_kernel() {
+  local cu=$1 status=0
+  local log="$out/$(basename "$cu").log" kernels max_regs spills what hgmma
   if ! "$NVCC" -std=c++17 -O3 -Icsrc \
       -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
       -Xptxas -v -c "$cu" -o "$out/$(basename "$cu").o" >"$log" 2>&1; then
-    echo "FAIL $cu: does not compile"; cat "$log"; status=1; continue
+    echo "FAIL $cu: does not compile"; cat "$log"; return 1
   fi
   kernels=$(grep -c "Compiling entry function" "$log" || true)
   max_regs=$(grep -o "Used [0-9]* registers" "$log" | awk '{print $2}' | sort -n | tail -1)
@@ -50,13 +50,16 @@ for cu in csrc/ops/*/*.cu; do
       echo "FAIL $cu: its folder writes wgmma.mma_async but none reaches its sm_90a code ($what: 0)"; status=1
     fi
   fi
-done
+  return $status
+}
 
 # The tuning drivers include the kernel headers the op library is built from:
 # a kernel change that breaks one fails here, not on a GPU machine. Their
 # informational variants (register-capped shapes, several CTAs per SM) may
 # spill by design, so spills are counted, not failed.
-for cu in benchmarks/*_tune.cu; do
+check_tuning_driver() {
+  local cu=$1 status=0
+  local name log flags kernels spills
   name=$(basename "$cu" .cu)
   log="$out/$name.log"
   flags=()
@@ -66,10 +69,30 @@ for cu in benchmarks/*_tune.cu; do
   fi
   if ! "$NVCC" -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
       ${flags[@]+"${flags[@]}"} -c "$cu" -o "$out/$name.o" >"$log" 2>&1; then
-    echo "FAIL $cu: does not compile"; cat "$log"; status=1; continue
+    echo "FAIL $cu: does not compile"; cat "$log"; return 1
   fi
   kernels=$(grep -c "Compiling entry function" "$log" || true)
   spills=$(grep -o "[0-9]* bytes spill stores" "$log" | awk '$1 > 0' | wc -l)
   echo "ok   $cu: $kernels kernel builds (sm_90a${flags[*]:+, ${flags[*]}}), $spills spilling (informational variants)"
+  return $status
+}
+
+# One job per file, as many at once as there are cores (one nvcc is one core: 190 s in
+# a row on two cores, about half that side by side); the reports print in a fixed order.
+jobs=${NVCC_CHECK_JOBS:-$(nproc)}
+files=(csrc/ops/*/*.cu benchmarks/*_tune.cu)
+running=0
+for i in "${!files[@]}"; do
+  cu=${files[$i]}
+  if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+  if [[ $cu == benchmarks/* ]]; then fn=check_tuning_driver; else fn=check_kernel; fi
+  ( if "$fn" "$cu" >"$out/report.$i" 2>&1; then echo 0; else echo 1; fi >"$out/status.$i" ) &
+  running=$((running + 1))
+done
+wait
+status=0
+for i in "${!files[@]}"; do
+  cat "$out/report.$i"
+  [ "$(cat "$out/status.$i")" = 0 ] || status=1
 done
 exit $status
