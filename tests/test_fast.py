@@ -5,6 +5,7 @@ one may not go (gradients, keywords, subclasses, modes, torch.compile)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import opforge
+from opforge.builder import cache_root
 from opforge.check import generator
 from opforge.spec import all_specs
 
@@ -176,3 +178,27 @@ def test_opforge_fast_0_turns_it_off(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_FAST": "0"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and res.stdout.strip() == "None", res.stderr
+
+
+@pytest.mark.slow
+def test_a_short_process_leaves_the_module_built_and_the_next_ones_find_it(tmp_path):
+    """A cache with the op library but no fast-path module: a process that exits at once still gets the
+    module built (its build process outlives it); one started meanwhile waits for that build when it asks
+    to; one started after finds it at import."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    for marker in cache_root().glob("opforge_ops-*/COMPLETE.json"):
+        shutil.copytree(marker.parent, cache / marker.parent.name)
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache)}
+    env.pop("OPFORGE_FAST", None)
+
+    def run(code: str) -> str:
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res.stdout.strip()
+
+    assert run("import opforge; print(opforge.fast.module() is None)") == "True"
+    assert run("import opforge; opforge.load(wait_fast=True); print(opforge.fast.module() is not None)") == "True"
+    assert len(list(cache.glob("opforge_fast-*/COMPLETE.json"))) == 1
+    assert run("import opforge; print(opforge.fast.module() is not None, opforge.add._opforge_fast is not None)") == "True True"
+    assert not list(cache.glob("opforge_fast-build-*.log"))

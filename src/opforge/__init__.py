@@ -54,6 +54,8 @@ def load(*, wait_fast: bool = False) -> Library:
         for spec in register_module("opforge.ops"):
             globals()[spec.name] = spec.function
         library = lib
+    elif wait_fast:  # loaded at import, its background build maybe still running
+        _fast.attach(wait=True)
     return library
 
 

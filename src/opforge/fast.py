@@ -13,15 +13,23 @@ built per torch (in the JIT cache, beside the library) and is optional: its
 first build runs in the background, and until it is there, or when it cannot
 be built (opforge says so once), every operator takes the torch.ops path,
 with the same answers. ``OPFORGE_FAST=0`` turns it off.
+
+That first build is a process of its own, detached from this one: it
+finishes and publishes the module in the cache even when the process that
+started it exits first (a short script, a test run), so the next process
+finds it instead of starting the compile again. Processes that start while it
+runs wait on the same cache lock instead of compiling it twice.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 _module: types.ModuleType | None = None
@@ -53,17 +61,52 @@ def build_in_background() -> None:
         return
 
     def build() -> None:
-        from opforge.builder import BuildError, build_library, fast_config
-
         try:
-            build_library(fast_config(), quiet=True)
-        except (BuildError, OSError) as exc:
+            _build_in_a_process()
+        except (RuntimeError, OSError) as exc:
             _off(exc)
             return
         _load(quiet=True)
 
     _building = threading.Thread(target=build, name="opforge-fast-build", daemon=True)
     _building.start()
+
+
+def _build_in_a_process() -> None:
+    """Builds the module into the cache in a detached child process
+    (it outlives this one); returns when it is done. Raises RuntimeError with
+    the build's message when it fails."""
+    from opforge.builder import cache_root
+
+    log = cache_root() / f"opforge_fast-build-{os.getpid()}.log"
+    package_parent = str(Path(__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "OPFORGE_NO_AUTOLOAD": "1",
+        "PYTHONPATH": os.pathsep.join([package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    code = f"from opforge.fast import _build_main; _build_main({str(log)!r})"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True
+        )
+    if proc.wait() != 0:
+        text = log.read_text(errors="replace").strip() if log.exists() else ""
+        log.unlink(missing_ok=True)
+        raise RuntimeError(text or f"its build process exited {proc.returncode}")
+
+
+def _build_main(log: str) -> None:
+    """The build process: the module into the cache, quietly; its log removed
+    when it worked (a failed build's log stays for whoever reads it)."""
+    from opforge.builder import BuildError, build_library, fast_config
+
+    try:
+        build_library(fast_config(), quiet=True)
+    except (BuildError, OSError) as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(1)
+    Path(log).unlink(missing_ok=True)
 
 
 def _off(exc: BaseException) -> None:
