@@ -22,7 +22,8 @@ if ! python -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.s
   echo "installing $TORCH_SPEC (CPU build where no CUDA is wanted)" >&2
   python -m pip install -q "$TORCH_SPEC"
 fi
-if ! python -m pip install -q -e ".[test]"; then
+# One retry: a machine with no route to an index fails in a second instead of retrying for several.
+if ! python -m pip install -q --retries 1 -e ".[test]"; then
   # A machine with no package index (PIP_NO_INDEX=1 says so at once) but the
   # dependencies already installed, as a GPU image: the project alone.
   # Without build isolation setup.py would see torch and compile the prebuilt

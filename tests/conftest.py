@@ -78,18 +78,19 @@ def shared_cache(tmp_path_factory) -> Path:
 
 
 def pytest_configure(config) -> None:
-    # `-n N` alone distributes test by test; the xdist_group marks need loadgroup.
-    if getattr(config.option, "dist", "no") == "load":
-        config.option.dist = "loadgroup"
-    # pytest-xdist would otherwise send the groups with the most tests first, ahead of the
-    # order set below: the longest single tests (the guide, the wheel) started minutes late.
+    # The xdist_group marks take effect under `--dist loadgroup` (pyproject's addopts: the workers
+    # read the command line and the ini file, not options set here). pytest-xdist would otherwise
+    # send the groups with the most tests first, ahead of the order set below: the longest single
+    # tests (the guide, the wheel) started minutes late.
     if getattr(config.option, "dist", "no") == "loadgroup":
         config.option.loadscopereorder = False
 
 
-# The modules of the longest tests, longest first (CPU run of two pytest-xdist workers):
-# the guide (4-5 min), the wheel in a venv (3 min), the examples (2-3 min), CMake (1 min).
+# The modules of the longest tests, longest first. CPU run of two pytest-xdist workers: the guide
+# (3-5 min), the wheel in a venv (1-3 min), the examples (2-3 min), CMake (1 min). CUDA run of eight
+# on an H200: the scaffolded CUDA packages (3-5 min each), the guide's parts and the examples (2-3 min).
 LONGEST = ("test_docs", "test_prebuilt", "test_examples", "test_cmake")
+LONGEST_CUDA = ("test_new", "test_new_stable", "test_docs", "test_examples", "test_profile")
 
 # The tests selected for this run, for fixtures that start work for several of them at once.
 SELECTED = pytest.StashKey[list]()
@@ -107,9 +108,11 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     long_modules = {item.module for item in items if long(item)}
 
+    longest = LONGEST_CUDA if HAS_CUDA else LONGEST
+
     def rank(item) -> int:
         name = Path(str(item.path)).stem
-        return LONGEST.index(name) if name in LONGEST else len(LONGEST) + (item.module not in long_modules)
+        return longest.index(name) if name in longest else len(longest) + (item.module not in long_modules)
 
     items.sort(key=rank)
     if HAS_CUDA:

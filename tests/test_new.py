@@ -211,10 +211,18 @@ def test_cuda_package_builds_checks_benches_profiles_and_its_tests_pass(cuda_pac
         res = opforge_cli(env, "profile", str(root), "--case", "2^20")
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"{CUDA_NAME}::{CUDA_NAME} float32 [2^20]" in res.stdout and "elementwise_kernel" in res.stdout
-    if shutil.which("compute-sanitizer"):
-        res = opforge_cli(env, "profile", str(root), "--sanitize", "--seed", "2")
-        assert res.returncode == 0, res.stdout + res.stderr
-        assert "4 tools, all passed" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+@pytest.mark.skipif(not shutil.which("compute-sanitizer"), reason="compute-sanitizer is not on PATH")
+@pytest.mark.xdist_group("new_sanitize")  # a worker of its own: four sanitizer runs take minutes
+def test_cuda_package_passes_the_sanitizers(cuda_package, env):
+    root, build = cuda_package
+    assert build.returncode == 0, build.stdout + build.stderr
+    res = opforge_cli(env, "profile", str(root), "--sanitize", "--seed", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "4 tools, all passed" in res.stdout
 
 
 @pytest.mark.slow

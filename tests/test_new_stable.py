@@ -21,6 +21,8 @@ from opforge.builder import csrc_dir
 from opforge.elf_symbols import read_dynamic_symbols
 from opforge.project import ProjectError, scaffold
 
+from .conftest import cache_with_library
+
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
 NAME = "opf_stsign"
 CXX = shutil.which("c++") or shutil.which("g++")
@@ -31,7 +33,8 @@ pytestmark = pytest.mark.xdist_group("new_stable")
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
-    cache = tmp_path_factory.mktemp("cache")
+    # This run's op library already in it: what the tests build is the package, not opforge again.
+    cache = cache_with_library(tmp_path_factory.mktemp("cache"))
     # The tables at the width of a log, not at the COLUMNS of the test runner's environment.
     base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     return {**base, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache), "OPFORGE_NO_AUTOLOAD": "1"}
