@@ -22,12 +22,20 @@ if ! python -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.s
   echo "installing $TORCH_SPEC (CPU build where no CUDA is wanted)" >&2
   python -m pip install -q "$TORCH_SPEC"
 fi
-# One retry: a machine with no route to an index fails in a second instead of retrying for several.
-if ! python -m pip install -q --retries 1 -e ".[test]"; then
-  # A machine with no package index (PIP_NO_INDEX=1 says so at once) but the
-  # dependencies already installed, as a GPU image: the project alone.
-  # Without build isolation setup.py would see torch and compile the prebuilt
-  # library, which a checkout does not use: the JIT cache builds it, incrementally.
-  echo "opforge: installing the project without its test extras (no package index reached)" >&2
-  OPFORGE_PREBUILT=0 python -m pip install -q --no-deps --no-build-isolation -e .
+# Installed already from this checkout, with these packaging files: nothing to do (the install is
+# editable, so source edits need no reinstall).
+stamp=.venv/opforge-installed
+want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  # One retry (PIP_RETRIES reaches the build-dependency step's own pip too): a machine with no
+  # route to an index fails in a second instead of retrying for ten.
+  if ! PIP_RETRIES=1 python -m pip install -q -e ".[test]"; then
+    # A machine with no package index (PIP_NO_INDEX=1 says so at once) but the
+    # dependencies already installed, as a GPU image: the project alone.
+    # Without build isolation setup.py would see torch and compile the prebuilt
+    # library, which a checkout does not use: the JIT cache builds it, incrementally.
+    echo "opforge: installing the project without its test extras (no package index reached)" >&2
+    OPFORGE_PREBUILT=0 python -m pip install -q --no-deps --no-build-isolation -e .
+  fi
+  echo "$want" > "$stamp"
 fi
