@@ -5,7 +5,6 @@ one may not go (gradients, keywords, subclasses, modes, torch.compile)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +13,10 @@ import pytest
 import torch
 
 import opforge
-from opforge.builder import cache_root
 from opforge.check import generator
 from opforge.spec import all_specs
 
-from .conftest import DEVICES
+from .conftest import DEVICES, cache_with_library
 
 SPECS = {s.name: s for s in all_specs()}
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
@@ -185,10 +183,7 @@ def test_a_short_process_leaves_the_module_built_and_the_next_ones_find_it(tmp_p
     """A cache with the op library but no fast-path module: a process that exits at once still gets the
     module built (its build process outlives it); one started meanwhile waits for that build when it asks
     to; one started after finds it at import."""
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    for marker in cache_root().glob("opforge_ops-*/COMPLETE.json"):
-        shutil.copytree(marker.parent, cache / marker.parent.name)
+    cache = cache_with_library(tmp_path / "cache", fast=False)
     env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(cache)}
     env.pop("OPFORGE_FAST", None)
 
