@@ -18,6 +18,7 @@ then pure Python and ``import opforge`` builds the library on first use
 checkout's editable install: the JIT cache rebuilds only what an edit touches).
 """
 
+import contextlib
 import os
 import sys
 
@@ -27,10 +28,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "src"))
 os.environ["OPFORGE_NO_AUTOLOAD"] = "1"  # import opforge's build code, build nothing at import
 
-try:
-    import torch
-except ImportError:
-    torch = None
+# torch is imported only where a prebuilt library may be wanted: pip runs this file three times for
+# an editable install, and an import of torch costs seconds where its bytecode is not cached.
+torch = None
+if os.environ.get("OPFORGE_PREBUILT") != "0":
+    with contextlib.suppress(ImportError):
+        import torch
 
 if os.environ.get("OPFORGE_PREBUILT") == "0":
     print("opforge: OPFORGE_PREBUILT=0: no prebuilt op library; `import opforge` builds it on first use (JIT)", file=sys.stderr)

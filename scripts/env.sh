@@ -18,6 +18,16 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 export PATH="$PWD/.venv/bin:$PATH"
+# An image that sets PYTHONDONTWRITEBYTECODE and ships torch without its .pyc files compiles
+# torch's Python sources in every process (about 10 s for torch.compile's modules on a GPU
+# image): every check, test and compile worker pays it again. There the bytecode goes to
+# opforge's cache instead, outside the image's own tree.
+if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ] && [ -z "${PYTHONPYCACHEPREFIX:-}" ] &&
+  python -c 'import importlib.util as u, os, sys; sys.exit(os.path.isdir(os.path.join(u.find_spec("torch").submodule_search_locations[0], "__pycache__")))' 2>/dev/null; then
+  export PYTHONPYCACHEPREFIX="${OPFORGE_CACHE_DIR:-$HOME/.cache/opforge}/pycache"
+  unset PYTHONDONTWRITEBYTECODE
+  echo "opforge: torch's bytecode is not installed and PYTHONDONTWRITEBYTECODE is set: Python keeps it in $PYTHONPYCACHEPREFIX instead" >&2
+fi
 if ! python -c 'import sys, torch; v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 10))' 2>/dev/null; then
   echo "installing $TORCH_SPEC (CPU build where no CUDA is wanted)" >&2
   python -m pip install -q "$TORCH_SPEC"
@@ -27,13 +37,19 @@ fi
 stamp=.venv/opforge-installed
 want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  # One retry (PIP_RETRIES reaches the build-dependency step's own pip too): a machine with no
-  # route to an index fails in a second instead of retrying for ten.
-  if ! PIP_RETRIES=1 python -m pip install -q -e ".[test]"; then
+  # OPFORGE_PREBUILT=0: a checkout's editable install is pure Python; the JIT cache builds the op
+  # library, incrementally. First without an index, for a machine that has every dependency
+  # already (setuptools >= 77 too: the build runs in this environment; the tests' own, ruff aside,
+  # which test.sh skips when missing); then from the index, with one retry (PIP_RETRIES reaches
+  # the build-dependency step's own pip too): a machine with no route to an index fails in a
+  # second instead of retrying for ten.
+  if python -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null &&
+    python -c 'import pytest, xdist, numpy' 2>/dev/null &&
+    OPFORGE_PREBUILT=0 python -m pip install -q --no-index --no-build-isolation -e . >/dev/null 2>&1; then
+    :
+  elif ! OPFORGE_PREBUILT=0 PIP_RETRIES=1 python -m pip install -q -e ".[test]"; then
     # A machine with no package index (PIP_NO_INDEX=1 says so at once) but the
     # dependencies already installed, as a GPU image: the project alone.
-    # Without build isolation setup.py would see torch and compile the prebuilt
-    # library, which a checkout does not use: the JIT cache builds it, incrementally.
     echo "opforge: installing the project without its test extras (no package index reached)" >&2
     OPFORGE_PREBUILT=0 python -m pip install -q --no-deps --no-build-isolation -e .
   fi

@@ -3,9 +3,10 @@
 * GPU: CUDA events around each call on the current stream, the L2 cache flushed
   before each timed call (a buffer twice the L2 size is read), warm-up first.
   The GPU does not wait for Python between a start event and the call it times:
-  queuing a call costs the host less than the flush before it takes on the GPU
-  (benchmarks/experiments/bench_timing.py: batched, synchronised after each call and queued
-  behind a spin kernel agree within 0.4 us on an H200, down to 2^14-element adds).
+  a spin kernel between the flush and the start event keeps it busy while the
+  host queues the call. Without it a host thread that takes the GIL now and then
+  (torch.compile's worker pool, tqdm's monitor, alive after the checks of
+  ``opforge run``) put that wait into some samples: 30-84 % spreads on ~35 us calls.
   ``graph=True`` replays the call from a CUDA graph, removing launch overhead.
 * CPU: ``time.perf_counter`` around each call, warm-up first.
 * Stop rule: repetitions until the inter-quartile range is under 1 % of the
@@ -30,6 +31,11 @@ from opforge.spec import Sample
 
 # Stop when the IQR is under 1 % of the median (the stability rule).
 TARGET_SPREAD = 0.01
+# Cycles of the spin kernel queued before each start event: about 100 us at an H200's clock,
+# longer than queuing one call takes the host (opforge run's lltm_forward and qqq_gemm cases
+# on an H200: spreads 32-84 % without it, 2.8-4.6 % with it; benchmarks/experiments/bench_timing.py
+# measured the spin's own cost at 0.3-0.4 us).
+_SPIN_CYCLES = 200_000
 # Input sets rotated when a case fits in L2: enough that the set a call reads
 # was last touched several calls (and one flush) ago.
 _MAX_INPUT_SETS = 8
@@ -124,6 +130,7 @@ class Timer:
                 events = []
                 for _ in range(k):
                     self._flush.sum()
+                    torch.cuda._sleep(_SPIN_CYCLES)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     call(next_index())
