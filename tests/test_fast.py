@@ -24,9 +24,38 @@ SRC = str(Path(opforge.__file__).resolve().parent.parent)
 
 def test_which_ops_take_the_fast_path():
     fast = {name for name, s in SPECS.items() if s.function._opforge_fast is not None}
-    assert {"add", "square", "axpby", "sigmoid"} <= fast
-    # add_out writes its argument: its version counter is bumped above autograd, so it keeps the full path.
-    assert "add_out" not in fast
+    # add_out writes its argument: the fast path bumps its version, as the operator's Autograd kernel does.
+    assert {"add", "square", "axpby", "sigmoid", "add_out"} <= fast
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_write_on_the_fast_path_does_what_torch_ops_does(device, seed):
+    dev = torch.device(device)
+    g = generator(dev, seed)
+    a, b = (torch.randn(37, 5, device=dev, generator=g) for _ in range(2))
+    out = torch.full((37, 5), float("nan"), device=dev)
+    fast = SPECS["add_out"].function._opforge_fast
+    version = out._version
+    assert fast(a, b, out) is None  # the fast path itself answered, not the fallback
+    assert out._version == version + 1
+    torch.testing.assert_close(out, a + b, atol=0, rtol=0)
+    # A tensor saved for backward, then written: backward refuses, as after a write through torch.ops.
+    x = torch.randn(5, device=dev, generator=g).requires_grad_()
+    y = x.sigmoid()
+    with torch.no_grad():
+        opforge.add_out(a[0], b[0], y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    # What it leaves to torch.ops: an argument that needs a gradient (which raises there), inference mode.
+    assert fast(a.clone().requires_grad_(), b, out) is NotImplemented
+    with pytest.raises(RuntimeError, match="a requires grad, but this operator writes into an argument"):
+        opforge.add_out(a.clone().requires_grad_(), b, out)
+    with torch.inference_mode():
+        assert fast(a, b, out) is NotImplemented
+        inference = torch.empty(37, 5, device=dev)
+    # A write to an inference tensor outside inference mode raises as torch.ops's does.
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        fast(a, b, inference)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -15,8 +15,10 @@
 // tensors kept as SavedVariables (version-checked, and no reference cycle
 // through a saved output), as torch.autograd.Function does. Otherwise it returns NotImplemented
 // and the Python caller takes the full torch.ops path: the answer is the same
-// either way, only the cost differs. Operators that write an argument are not
-// offered (their version counters are bumped above autograd).
+// either way, only the cost differs. An operator that writes an argument (an
+// out= form) takes the fast path when no argument needs a gradient or carries
+// a tangent and inference mode is off: the written tensors' versions are bumped
+// after the call, as its Autograd kernel (writes_arguments) does.
 //
 // The module also holds the autograd kernel of the operators that write an
 // argument (writes_arguments): it needs autograd's state (grad mode, forward
@@ -32,6 +34,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>  // at::AutoDispatchBelowADInplaceOrView (not included by the others in torch 2.11)
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
@@ -69,6 +72,7 @@ struct FastOp {
   PyObject* backward;
   PyObject* ctx_type;
   std::string* node_name;
+  std::vector<size_t>* writes;  // positions of the arguments the schema marks written (Tensor(a!))
 };
 
 PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
@@ -293,9 +297,12 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
       at::impl::torch_function_mode_enabled()) {
     return not_implemented();
   }
+  const bool writes = !f->writes->empty();
+  // Inference mode leaves versions alone for some tensors and refuses writes to others: torch.ops decides.
+  if (writes && c10::InferenceMode::is_enabled()) return not_implemented();
   const bool grad_mode = at::GradMode::is_enabled();
   // With an autograd formula, inputs that need a gradient stay on the fast path.
-  const bool can_record = f->backward != nullptr && f->returns == 1;
+  const bool can_record = f->backward != nullptr && f->returns == 1 && !writes;
   torch::jit::Stack stack;
   stack.reserve(static_cast<size_t>(total));
   for (Py_ssize_t i = 0; i < total; ++i) {
@@ -323,6 +330,9 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
     PyErr_SetString(PyExc_IndexError, e.what());
     return nullptr;
   }
+  // What the Autograd kernel of a writing operator does after the call (a write torch.ops would also
+  // refuse, to an inference tensor, raises here too).
+  for (const size_t i : *f->writes) THPVariable_Unpack(args[i]).unsafeGetTensorImpl()->bump_version();
   if (needs_grad) return record(f, args, n, inputs, std::move(stack[0]).toTensor());
   if (f->returns == 0) Py_RETURN_NONE;
   if (f->returns == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
@@ -340,6 +350,7 @@ void fast_dealloc(PyObject* self) {
   delete f->kinds;
   delete f->defaults;
   delete f->node_name;
+  delete f->writes;
   Py_XDECREF(f->setup_context);
   Py_XDECREF(f->backward);
   Py_XDECREF(f->ctx_type);
@@ -380,11 +391,15 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   const c10::FunctionSchema& schema = handle->schema();
   std::vector<Kind> kinds;
   std::vector<c10::IValue> defaults;
+  std::vector<size_t> writes;
   Py_ssize_t required = 0;
   for (const auto& a : schema.arguments()) {
-    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) Py_RETURN_NONE;
     if (a.kwarg_only()) Py_RETURN_NONE;
     const auto& type = *a.type();
+    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) {
+      if (type != *c10::TensorType::get() || a.default_value().has_value()) Py_RETURN_NONE;
+      writes.push_back(kinds.size());
+    }
     if (type == *c10::TensorType::get()) {
       kinds.push_back(Kind::Tensor);
     } else if (type == *c10::FloatType::get()) {
@@ -413,6 +428,7 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   f->returns = static_cast<Py_ssize_t>(schema.returns().size());
   f->setup_context = f->backward = f->ctx_type = nullptr;
   f->node_name = new std::string(std::string(qualname) + "Backward");
+  f->writes = new std::vector<size_t>(std::move(writes));
   return reinterpret_cast<PyObject*>(f);
   END_HANDLE_TH_ERRORS
 }

@@ -70,17 +70,19 @@ inline bool is_non_overlapping_and_dense(IntArrayRef sizes, IntArrayRef strides)
 template <size_t N>
 Strides result_strides(const std::array<Tensor, N>& inputs) {
   const IntArrayRef sizes = inputs[0].sizes();
-  const IntArrayRef first = inputs[0].strides();
   bool contiguous = true;
+  // torch's own test: an empty tensor is contiguous.
+  for (const Tensor& t : inputs) contiguous = contiguous && t.is_contiguous();
+  // The common case first, without the layout tests below (a vector and a sort per input).
+  if (contiguous) return contiguous_strides(sizes);
+  const IntArrayRef first = inputs[0].strides();
   bool channels_last = true;
   bool shared_dense = true;
   for (const Tensor& t : inputs) {
     const IntArrayRef s = t.strides();
-    contiguous = contiguous && t.is_contiguous();  // torch's own test: an empty tensor is contiguous
     channels_last = channels_last && is_channels_last(sizes, s);
     shared_dense = shared_dense && same_dims(s, first) && is_non_overlapping_and_dense(sizes, s);
   }
-  if (contiguous) return contiguous_strides(sizes);
   if (channels_last) return channels_last_strides(sizes);
   if (shared_dense) return Strides(first.begin(), first.end());
 
@@ -180,6 +182,13 @@ class DenseLayout {
 template <typename Kernel, typename... Inputs>
 void into_out(Tensor& out, Kernel&& kernel, const Inputs&... inputs) {
   const std::array<Tensor, sizeof...(Inputs)> in{inputs...};
+  // The common case first, without the layout tests below: all contiguous, the kernel writes out.
+  bool contiguous = out.is_contiguous();
+  for (const Tensor& t : in) contiguous = contiguous && t.is_contiguous();
+  if (contiguous) {
+    kernel(out, inputs...);
+    return;
+  }
   const DenseLayout natural(in);
   int natural_copies = 0;
   for (const Tensor& t : in) natural_copies += natural.fits(t) ? 0 : 1;
