@@ -30,12 +30,13 @@ os.environ["OPFORGE_NO_AUTOLOAD"] = "1"  # import opforge's build code, build no
 
 # torch is imported only where a prebuilt library may be wanted: pip runs this file three times for
 # an editable install, and an import of torch costs seconds where its bytecode is not cached.
+pure_python = os.environ.get("OPFORGE_PREBUILT") == "0"
 torch = None
-if os.environ.get("OPFORGE_PREBUILT") != "0":
+if not pure_python:
     with contextlib.suppress(ImportError):
         import torch
 
-if os.environ.get("OPFORGE_PREBUILT") == "0":
+if pure_python:
     print("opforge: OPFORGE_PREBUILT=0: no prebuilt op library; `import opforge` builds it on first use (JIT)", file=sys.stderr)
     setup()
 elif torch is None:

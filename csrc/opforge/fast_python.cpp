@@ -330,8 +330,8 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
     PyErr_SetString(PyExc_IndexError, e.what());
     return nullptr;
   }
-  // What the Autograd kernel of a writing operator does after the call (a write torch.ops would also
-  // refuse, to an inference tensor, raises here too).
+  // What the Autograd kernel of a writing operator does after the call; for an inference tensor
+  // written outside inference mode the bump raises, as it does there.
   for (const size_t i : *f->writes) THPVariable_Unpack(args[i]).unsafeGetTensorImpl()->bump_version();
   if (needs_grad) return record(f, args, n, inputs, std::move(stack[0]).toTensor());
   if (f->returns == 0) Py_RETURN_NONE;
