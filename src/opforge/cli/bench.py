@@ -168,13 +168,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     """The main job: build, check, benchmark; one summary table at the end."""
     from opforge import fast
     from opforge.check import CHECKS
-    from opforge.cli import targets
     from opforge.report import SummaryOp, summary_table
 
     start = time.perf_counter()
-    targets.wait_fast_before_bench = True
-    device, specs = device_and_specs(args.ops, args.device)
-    print_library()
+    # The checks start while the fast path's first build runs; the bench waits for it.
+    device, specs = device_and_specs(args.ops, args.device, wait_fast=False)
+    print_library(wait_fast=False)
     seed = pick_seed(args.seed)
     opts = _run_options(args)
     err.print(

@@ -40,8 +40,8 @@ def build_project(path: Path) -> int:
     return 0
 
 
-def print_library() -> int:
-    lib = library()
+def print_library(*, wait_fast: bool = True) -> int:
+    lib = library(wait_fast=wait_fast)
     how = "named by OPFORGE_LIBRARY" if lib.route == "file" else f"built now in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
     out.print(f"op library: {lib.path} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
     return 0

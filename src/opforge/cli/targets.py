@@ -18,39 +18,38 @@ if TYPE_CHECKING:
     from opforge.spec import OpSpec
 
 
-#: The main job sets it: its checks start while the fast path's first build runs, and it waits for
-#: that build before timing anything (on a fresh H200 host the wait was 11 s of its 133).
-wait_fast_before_bench = False
-
-
-def library() -> Library:
+def library(*, wait_fast: bool = True) -> Library:
     """The op library, built and loaded, and the eager fast path attached (its
     first build finished), so that what a command times and checks is what a
-    user's calls run; a build failure is a message, not a traceback."""
+    user's calls run; a build failure is a message, not a traceback.
+    ``wait_fast=False``: the fast path attaches when its build ends (the main job
+    starts its checks meanwhile and waits before timing: 11 s of 133 on a fresh H200 host)."""
     import opforge
     from opforge.builder import BuildError
 
     try:
-        return opforge.load(wait_fast=not wait_fast_before_bench)
+        return opforge.load(wait_fast=wait_fast)
     except BuildError as exc:
         err.print(str(exc), highlight=False, markup=False)
         raise SystemExit(1) from None
 
 
-def pick_device(name: str, projects_cuda: dict[str, bool] | None = None, *, own_library: bool = True) -> torch.device:
+def pick_device(
+    name: str, projects_cuda: dict[str, bool] | None = None, *, own_library: bool = True, wait_fast: bool = True
+) -> torch.device:
     """``projects_cuda``: whether each package directory's library has CUDA kernels (auto picks the CPU if one has not);
     ``own_library``: opforge's op library is in play (not when every operator asked for is a package's)."""
     import torch
 
     if own_library:
-        library()
+        library(wait_fast=wait_fast)
     without = sorted(d for d, cuda in (projects_cuda or {}).items() if not cuda)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() and not without else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("opforge: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
-        if own_library and not library().with_cuda:
+        if own_library and not library(wait_fast=wait_fast).with_cuda:
             raise SystemExit("opforge: --device cuda but the op library was built without CUDA kernels (no nvcc, or OPFORGE_BUILD_CUDA=0)")
         if without:
             what = ", ".join(without)
@@ -96,13 +95,13 @@ def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], b
     return expanded, cuda, not names or len(cuda) < len(names)
 
 
-def specs_of(names: Sequence[str], *, own_library: bool = True) -> list[OpSpec]:
+def specs_of(names: Sequence[str], *, own_library: bool = True, wait_fast: bool = True) -> list[OpSpec]:
     """The specs of ``names`` (all, for none); a name of no operator is a usage error."""
     from opforge.project import names_a_path
     from opforge.spec import get_specs
 
     if own_library:
-        library()
+        library(wait_fast=wait_fast)
     try:
         return get_specs(names)
     except KeyError as exc:
@@ -128,12 +127,12 @@ def fast_path_for_packages() -> None:
                   highlight=False, markup=False, soft_wrap=True)  # fmt: skip
 
 
-def device_and_specs(names: Sequence[str], device_name: str) -> tuple[Any, list[Any]]:
-    """The device and the specs of ``names`` (package directories loaded)."""
+def device_and_specs(names: Sequence[str], device_name: str, *, wait_fast: bool = True) -> tuple[Any, list[Any]]:
+    """The device and the specs of ``names`` (package directories loaded); ``wait_fast``: as ``library``'s."""
     from opforge.project import names_a_path
 
     if any(names_a_path(n) and Path(n).is_dir() for n in names):
         fast_path_for_packages()
     names, projects_cuda, own_library = resolve_targets(names)
-    device = pick_device(device_name, projects_cuda, own_library=own_library)
-    return device, specs_of(names, own_library=own_library)
+    device = pick_device(device_name, projects_cuda, own_library=own_library, wait_fast=wait_fast)
+    return device, specs_of(names, own_library=own_library, wait_fast=wait_fast)
