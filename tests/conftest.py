@@ -8,7 +8,8 @@ of building its own. A test that needs a cache of its own starts it with
 ``cache_with_library``: the library's entry copied in, no cold build. Only the
 tests marked ``slow`` build the whole library from nothing (a wheel, CMake, a
 compiler that links libstdc++ statically). Tests that build the same thing
-for a pybind11 module share ``shared_cache``, the run's own.
+for a pybind11 module share ``shared_cache``, the run's own, and through
+``pch_cache`` one precompiled ``torch/extension.h``.
 
 Under pytest-xdist every worker imports this file; the first to get the
 cache's lock builds, the others wait and load it. Tests that share one
@@ -36,7 +37,8 @@ FAST = opforge.fast.module()
 os.environ["OPFORGE_CACHE_DIR"] = str(cache_root())
 # Tests build users' folders in fresh caches; precompiling torch/extension.h for
 # each (755 MB, 60-90 s on 2 cores) would dominate them. The tests of the
-# precompiled header turn it back on.
+# precompiled header turn it back on, and so does ``pch_cache``, where one header
+# serves every torch/extension.h build of the run.
 os.environ.setdefault("OPFORGE_PCH", "0")
 
 HAS_CUDA = torch.cuda.is_available() and LIBRARY.with_cuda
@@ -76,6 +78,17 @@ def shared_cache(tmp_path_factory) -> Path:
     with open(root.with_name("shared-cache.lock"), "w") as lock:  # two workers must not copy the library in at once
         fcntl.flock(lock, fcntl.LOCK_EX)
         return cache_with_library(root)
+
+
+@pytest.fixture
+def pch_cache(shared_cache: Path, monkeypatch) -> Path:
+    """``shared_cache`` as this test's cache, with precompiled headers on: the
+    run's builds that begin with ``torch/extension.h`` (the examples, the add2
+    and inline tests) precompile it once, about one compile's time, and each then
+    compiles in about half the time it takes without (benchmarks/build_speed.py --byo)."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+    monkeypatch.setenv("OPFORGE_PCH", "1")
+    return shared_cache
 
 
 def pytest_configure(config) -> None:

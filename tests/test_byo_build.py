@@ -534,11 +534,13 @@ print('OPS OK')
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_a_pybind11_module_with_a_header_in_include_builds_and_imports(tmp_path, device):
+def test_a_pybind11_module_with_a_header_in_include_builds_and_imports(tmp_path, device, request):
     folder = copy_fixture(tmp_path, "add2_pybind")
     cuda = device == "cuda"
     check = f"FOLDER = {str(folder)!r}\nDEVICES = {['cpu', device]!r}\n" + ADD2_CHECK
-    res = run_build(folder, tmp_path / "cache", check, cuda=cuda)
+    # On the CPU, the run's precompiled torch/extension.h (a CUDA build's flags need one of their own).
+    cache = tmp_path / "cache" if cuda else request.getfixturevalue("pch_cache")
+    res = run_build(folder, cache, check, cuda=cuda)
     assert res.returncode == 0 and "OPS OK" in res.stdout, res.stdout + res.stderr
     assert "  route: pybind (a pybind11 module: built into the cache and imported)" in res.stdout
     assert re.search(r"add2_pybind: module add2_pybind_\w+ from \S+\.so: add2\n", res.stdout), res.stdout

@@ -3,8 +3,8 @@ subprocess on the CPU (and, marked ``cuda``, on the GPU), exits 0 and prints
 what it shows.
 
 Each example builds C++ (about 20 s apiece on two cores): each device's runs
-start together, and the run's shared build cache serves them all (and
-tests/test_inline.py's add2, which precompiles the same torch/extension.h)."""
+start together, and the run's shared build cache serves them all, with one
+precompiled torch/extension.h for them and tests/test_inline.py's builds."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def start_example(name: str, cache_dir: Path, *args: str) -> subprocess.Popen[st
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
     env["OPFORGE_CACHE_DIR"] = str(cache_dir)
+    env["OPFORGE_PCH"] = "1"  # one torch/extension.h header for add2, load_inline and the inline tests (see pch_cache)
     env["PYTHONUNBUFFERED"] = "1"
     return subprocess.Popen(
         [sys.executable, str(EXAMPLES / name / "run.py"), *args],

@@ -242,7 +242,8 @@ def _entries(cache: Path, name: str) -> list[Path]:
 
 
 @pytest.mark.slow  # a torch/extension.h (pybind11) module: the heaviest headers there are
-def test_hello_from_a_string_builds_once(cache):
+def test_hello_from_a_string_builds_once(pch_cache):
+    cache = pch_cache
     module = inline("hello_inline", cpp=HELLO_CPP, functions=["hello"], quiet=True)
     assert module.hello() == "Hello World!"
     assert module.hello.__doc__.strip().endswith("hello")
@@ -251,7 +252,7 @@ def test_hello_from_a_string_builds_once(cache):
     marker = entry / "COMPLETE.json"
     print(f"hello module built in {json.loads(marker.read_text())['seconds']} s")
     built_at = marker.stat().st_mtime_ns
-    [sources] = (cache / "inline").iterdir()
+    [sources] = (cache / "inline").glob("hello_inline-*")  # the run's cache: the examples' strings are there too
     assert re.fullmatch(r"hello_inline-[0-9a-f]{16}", sources.name)
     assert stat.S_IMODE(sources.stat().st_mode) == 0o700 and stat.S_IMODE(sources.parent.stat().st_mode) == 0o700
     generated = (sources / "hello_inline.cpp").read_text()
@@ -266,6 +267,9 @@ def test_hello_from_a_string_builds_once(cache):
 
     # A changed string is another build: other sources, another key. Checked without compiling it.
     first = inline_config("hello_inline", cpp=HELLO_CPP, functions=["hello"])
+    # Built with the prelude's torch/extension.h precompiled, which the cache keeps for the next string.
+    assert first.pch_headers == ("<torch/extension.h>",) and first.pch_units == (sources / "hello_inline.cpp",)
+    assert any((p / "pch.h.gch").is_file() for p in cache.glob("pch-*"))
     changed = inline_config("hello_inline", cpp=HELLO_CPP.replace("World", "there"), functions=["hello"])
     assert first.sources[0].parent == sources
     assert changed.sources[0].parent != sources and changed.key() != first.key()
@@ -287,9 +291,8 @@ def test_torch_library_op_from_a_string(cache):
 
 
 @pytest.mark.slow  # a pybind11 folder built twice (edited in between)
-def test_add2_tutorial_folder(tmp_path, shared_cache, monkeypatch, seed):
-    # The run's shared cache: torch/extension.h precompiled once for this and examples/add2.
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+def test_add2_tutorial_folder(tmp_path, pch_cache, seed):
+    # torch/extension.h precompiled once for this (two builds of add2.cpp), the inline strings and examples/add2.
     folder = _folder(tmp_path, "add2", {"add2.h": ADD2_H, "add2.cpp": ADD2_CPP, "add2_kernel.cpp": ADD2_CPU_KERNEL})
     module = build_pybind_folder(folder, quiet=True)
     g = torch.Generator().manual_seed(seed)
@@ -341,7 +344,7 @@ def test_hard_coded_module_name_is_refused_before_compiling(tmp_path, cache):
 
 
 @pytest.mark.slow  # a torch/extension.h (pybind11) module, compiled up to its error
-def test_compile_error_names_the_generated_file_and_the_line_of_the_string(cache):
+def test_compile_error_names_the_generated_file_and_the_line_of_the_string(pch_cache):
     broken = "int ok() { return 1; }\nint broken() {\n  return undeclared_name;\n}\n"
     with pytest.raises(BuildError) as info:
         inline("opforge_inline_broken", cpp=broken, quiet=True)

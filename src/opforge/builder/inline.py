@@ -70,6 +70,9 @@ def inline(
     ``functions`` the source then includes ``<torch/extension.h>`` itself).
     Compiler errors name the generated file, with line numbers counted in your
     string. Identical strings are found in the cache; changed ones rebuild.
+    The torch headers the C++ source begins with (the prelude's, or the
+    string's own) are precompiled once and shared through the cache
+    (``opforge.builder.user_pch``; ``OPFORGE_PCH=0`` turns it off).
     ``verbose`` also says where the sources went and which library was loaded;
     ``quiet`` silences the build progress.
     """
@@ -147,7 +150,7 @@ def inline_config(
     if cuda_on:
         archs = cuda_archs()
         cuda_cflags = ["-O3", *gencode_flags(archs), *extra_cuda_cflags]
-    return BuildConfig(
+    cfg = BuildConfig(
         name=name,
         sources=tuple(directory / f for f in files),
         include_dirs=(),
@@ -157,6 +160,9 @@ def inline_config(
         cuda_archs=archs,
         python_module=docs is not None,
     )
+    # The prelude's torch/extension.h is most of a string's compile time: precompiled once, shared
+    # with every other string and folder that begins with the same headers, and with each edit's rebuild.
+    return with_torch_pch(cfg)[0]
 
 
 def build_pybind_folder(
