@@ -2,7 +2,7 @@
 # Compiles every pure-CUDA kernel file (no torch headers) with plain nvcc for
 # sm_80 and sm_90a, prints ptxas's resource report per kernel, and fails on a
 # compile error or any register spill; then compiles the tuning drivers
-# (benchmarks/*_tune.cu) for sm_90a. Runs on machines without a GPU (CI).
+# (benchmarks/*_tune.cu) to sm_90a PTX. Runs on machines without a GPU (CI).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NVCC=${NVCC:-nvcc}
@@ -54,12 +54,14 @@ check_kernel() {
 }
 
 # The tuning drivers include the kernel headers the op library is built from:
-# a kernel change that breaks one fails here, not on a GPU machine. Their
-# informational variants (register-capped shapes, several CTAs per SM) may
-# spill by design, so spills are counted, not failed.
+# a kernel change that breaks one fails here, not on a GPU machine. They are
+# compiled to sm_90a PTX, which instantiates every variant; ptxas, whose
+# register and spill counts mean nothing for their informational variants
+# (register-capped shapes, several CTAs per SM), is left to the GPU machine:
+# on two cores it took 70 of their 115 CPU-seconds.
 check_tuning_driver() {
-  local cu=$1 status=0
-  local name log flags kernels spills
+  local cu=$1
+  local name log flags kernels
   name=$(basename "$cu" .cu)
   log="$out/$name.log"
   flags=()
@@ -67,18 +69,16 @@ check_tuning_driver() {
   if [ "$name" = gemm_tune ] && ! echo '#include <cublas_v2.h>' | "$NVCC" -x cu -E - >/dev/null 2>&1; then
     flags=(-DOPF_TUNE_NO_CUBLAS)
   fi
-  if ! "$NVCC" -std=c++17 -O3 -Icsrc -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-      ${flags[@]+"${flags[@]}"} -c "$cu" -o "$out/$name.o" >"$log" 2>&1; then
+  if ! "$NVCC" -std=c++17 -O3 -Icsrc -arch=compute_90a -ptx \
+      ${flags[@]+"${flags[@]}"} "$cu" -o "$out/$name.ptx" >"$log" 2>&1; then
     echo "FAIL $cu: does not compile"; cat "$log"; return 1
   fi
-  kernels=$(grep -c "Compiling entry function" "$log" || true)
-  spills=$(grep -o "[0-9]* bytes spill stores" "$log" | awk '$1 > 0' | wc -l)
-  echo "ok   $cu: $kernels kernel builds (sm_90a${flags[*]:+, ${flags[*]}}), $spills spilling (informational variants)"
-  return $status
+  kernels=$(grep -c "^[.]visible [.]entry\|^[.]entry" "$out/$name.ptx" || true)
+  echo "ok   $cu: $kernels kernels in its sm_90a PTX${flags[*]:+ (${flags[*]})}"
 }
 
-# One job per file, as many at once as there are cores (one nvcc is one core: 190 s in
-# a row on two cores, about half that side by side); the reports print in a fixed order.
+# One job per file, as many at once as there are cores (one nvcc is one core: 110 s in
+# a row on two cores, 66 s side by side); the reports print in a fixed order.
 jobs=${NVCC_CHECK_JOBS:-$(nproc)}
 files=(csrc/ops/*/*.cu benchmarks/*_tune.cu)
 running=0

@@ -222,8 +222,11 @@ def test_setup_extension_of_one_torch_is_torchs():
 
     cfg = dataclasses.replace(library_config(with_cuda=False), stable="")
     ext = extension(cfg, "opforge._C", REPO)
-    assert not ext.py_limited_api and ext.extra_compile_args["cxx"] == list(cfg.cflags)
+    # Python's own CFLAGS (-g, usually) come first; -g0 after them, as the JIT route builds without debug info.
+    assert not ext.py_limited_api and ext.extra_compile_args["cxx"] == [*cfg.cflags, "-g0"]
     assert wheel_options(ext) == {}
+    debug = dataclasses.replace(cfg, cflags=(*cfg.cflags, "-g"))
+    assert extension(debug, "opforge._C", REPO).extra_compile_args["cxx"] == [*cfg.cflags, "-g"], "a -g of its own stays"
 
 
 def _copy_project(dest: Path) -> Path:
