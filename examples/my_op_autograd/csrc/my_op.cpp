@@ -1,5 +1,10 @@
 // my_op.cpp: my_op's forward and backward with ATen (so they run on whatever
 // device their tensors are on), bound to Python by pybind11.
+//
+// torch's header first, though my_op.h includes it too: a file that begins with
+// torch headers gets them precompiled, once, shared through opforge's cache.
+#include <torch/extension.h>
+
 #include "my_op.h"
 
 torch::Tensor my_op_forward(const torch::Tensor& x, const torch::Tensor& y) {
