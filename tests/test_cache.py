@@ -59,6 +59,34 @@ def test_clean_older_than_keeps_recent_and_busy(root):
     assert cache.entries() == []
 
 
+def _exited_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    return int(proc.stdout)
+
+
+def test_a_failed_fast_path_builds_log_is_listed_and_cleaned_once_its_starter_is_gone(root):
+    # The log of a background build that failed after the process that started it had exited:
+    # no one reads it. A log whose starter is alive (this process) is that process's to read.
+    orphan = root / f"opforge_fast-build-{_exited_pid()}.log"
+    orphan.write_text("error: the compiler said no\n")
+    live = root / f"opforge_fast-build-{os.getpid()}.log"
+    live.write_text("building\n")
+    env = {**os.environ, "OPFORGE_NO_AUTOLOAD": "1", "COLUMNS": "200"}
+
+    def opforge(*args: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "opforge", *args], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout
+
+    listed = opforge("cache", "list")
+    assert f"a failed build of the eager fast path left its log: {orphan}" in listed and live.name not in listed
+    assert cache.clean_failed_build_logs(older_than_days=7) == []  # written just now
+    assert orphan.exists()
+    cleaned = opforge("cache", "clean")
+    assert f"removed {orphan.name} (the log of a failed build of the eager fast path)" in cleaned
+    assert not orphan.exists() and live.exists()
+
+
 def test_inline_sources_and_other_routes_are_listed_and_cleaned(root):
     from opforge.builder.inline import _write_sources
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import re
 import shutil
 import time
@@ -97,3 +98,42 @@ def clean(older_than_days: float | None = None, root: Path | None = None) -> tup
         lock.unlink(missing_ok=True)
         removed.append(e)
     return removed, busy
+
+
+# The eager fast path's background build writes here; the build removes it when it works, the
+# process that started it when it fails. A failed build whose starter had exited leaves it.
+_FAST_BUILD_LOG = re.compile(r"^opforge_fast-build-(?P<pid>\d+)\.log$")
+
+
+def failed_build_logs(root: Path | None = None) -> list[Path]:
+    """The logs of the fast path's background builds that no process will read:
+    their starter has exited (a live one still reads its build's log)."""
+    root = root or cache_root(write=False)
+    logs = []
+    for f in sorted(root.iterdir()) if root.is_dir() else ():
+        m = _FAST_BUILD_LOG.match(f.name)
+        if m and f.is_file() and not _alive(int(m["pid"])):
+            logs.append(f)
+    return logs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def clean_failed_build_logs(older_than_days: float | None = None, root: Path | None = None) -> list[Path]:
+    """Removes ``failed_build_logs`` (all, or those older than ``older_than_days``); returns them."""
+    cutoff = None if older_than_days is None else time.time() - older_than_days * 86400
+    removed = []
+    for log in failed_build_logs(root or cache_root()):
+        if cutoff is not None and log.stat().st_mtime >= cutoff:
+            continue
+        log.unlink(missing_ok=True)
+        removed.append(log)
+    return removed

@@ -149,7 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp = sub.add_parser("cache", help="list or clean the build cache")
     cache_sub = sp.add_subparsers(dest="cache_command", required=True)
     cache_sub.add_parser("list", help="entries, sizes, last use").set_defaults(fn=cmd_cache_list)
-    sp = cache_sub.add_parser("clean", help="remove entries (all, or unused for --older-than days); builds in progress are kept")
+    sp = cache_sub.add_parser(
+        "clean",
+        help="remove entries (all, or unused for --older-than days) and failed background builds' logs; builds in progress are kept",
+    )
     sp.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only entries not used for this many days")
     sp.set_defaults(fn=cmd_cache_clean)
 

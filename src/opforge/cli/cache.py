@@ -38,6 +38,8 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
         table.add_row(e.path.name, state, _mib(e.size), built, when)
     out.print(table)
     out.print(f"{len(found)} entries, {_mib(sum(e.size for e in found))}")
+    for log in cache.failed_build_logs():
+        out.print(f"[yellow]a failed build of the eager fast path left its log: {log}[/] (opforge cache clean removes it)")
     return 0
 
 
@@ -48,8 +50,11 @@ def cmd_cache_clean(args: argparse.Namespace) -> int:
         usage_error(f"opforge: --older-than must be a number of days >= 0, got {args.older_than}")
     try:
         removed, busy = cache.clean(args.older_than)
+        logs = cache.clean_failed_build_logs(args.older_than)
     except BuildError as exc:
         raise SystemExit(str(exc)) from None
+    for log in logs:
+        out.print(f"removed {log.name} (the log of a failed build of the eager fast path)")
     for e in removed:
         out.print(f"removed {e.path.name} ({_mib(e.size)})")
     for e in busy:
