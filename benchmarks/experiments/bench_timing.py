@@ -76,7 +76,7 @@ def main() -> None:
         for _ in range(3):
             torch.cuda._sleep(spin_2ms)
             held += run(10)
-        row = [statistics.median(batched), statistics.median(held), synced_median_us(fn, timer._flush.sum)]
+        row = [statistics.median(batched), statistics.median(held), synced_median_us(fn, timer.flush)]
         print(f"{name:34} {row[0]:8.2f} {row[1]:8.2f} {row[2]:8.2f} {host_us:9.1f}")
 
     print(f"\n{'M = 1, K = N = 8192, 200 calls':40} {'p25':>8} {'median':>8} {'p75':>8}")

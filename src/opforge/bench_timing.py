@@ -115,7 +115,25 @@ class Timer:
         # several us for a call that reads ~32 MB (fp16 matmul at M=1, K=N=8192
         # on an H200: 46.6 us after a zeroing flush, 38.1 after a reading one;
         # benchmarks/experiments/qqq_flush.py).
-        self._flush = torch.ones(max(2 * self.l2_bytes, 1 << 20) // 4, dtype=torch.float32, device=device)
+        nbytes = max(2 * self.l2_bytes, 1 << 20)
+        if device.type == "cuda":
+            self._flush: torch.Tensor | bytearray = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        else:
+            # On the CPU, read by memchr, not by a torch op: torch.sum runs the same
+            # TensorIterator and allocation code as torch's elementwise ops and would
+            # warm it, for torch's side only, right before its timed call. On 2^16
+            # float32 (2 cores, 1 thread) torch.add took 33.1 us after a torch.sum
+            # flush and 38.9 after one that runs no torch code, opforge.add 39.1 and
+            # 40.6 (benchmarks/experiments/cpu_flush.py). Ones, not zeros: untouched
+            # zero pages all map to one physical page, and reading them evicts nothing.
+            self._flush = bytearray(b"\x01") * nbytes
+
+    def flush(self) -> None:
+        """Evict the caches: read the whole flush buffer."""
+        if isinstance(self._flush, bytearray):
+            self._flush.find(0)  # no zero byte in it: memchr reads every byte
+        else:
+            self._flush.sum()
 
     def batch(self, call: Callable[[int], Any]) -> Callable[[int], list[float]]:
         counter = [0]
@@ -129,7 +147,7 @@ class Timer:
             def run(k: int) -> list[float]:
                 events = []
                 for _ in range(k):
-                    self._flush.sum()
+                    self.flush()
                     torch.cuda._sleep(_SPIN_CYCLES)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
@@ -145,7 +163,7 @@ class Timer:
             out = []
             for _ in range(k):
                 i = next_index()
-                self._flush.sum()
+                self.flush()
                 t0 = time.perf_counter()
                 call(i)
                 out.append((time.perf_counter() - t0) * 1e6)
