@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,6 +17,7 @@ from opforge.spec import all_specs
 from .conftest import DEVICES
 
 SPECS = {s.name: s for s in all_specs()}
+SRC = str(Path(opforge.__file__).resolve().parent.parent)
 OPS = sorted(SPECS)
 
 
@@ -108,6 +114,47 @@ def test_add_out_writes_into_a_strided_out(device):
     out = torch.full((30, 40), float("nan"), device=device).t()
     assert opforge.add_out(a, b, out) is None
     torch.testing.assert_close(out, a + b)
+
+
+# The CPU loops come in tiers: AVX-512 (for the operators bound by arithmetic), AVX2 and plain
+# C++, chosen at run time by what the CPU has and ATEN_CPU_CAPABILITY. Lengths around the vector
+# widths (8 and 16 lanes, two vectors a step) reach every tail.
+_TIER_LENGTHS = (1, 7, 8, 15, 16, 17, 31, 33, 47, 1000)
+_TIER_CODE = """
+import sys, torch, opforge
+inputs = torch.load(sys.argv[1])
+torch.save({k: (opforge.sigmoid(x), opforge.square(x), opforge.add(x, y)) for k, (x, y) in inputs.items()}, sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_cpu_vector_tiers_agree(capability, tmp_path, seed):
+    """The AVX2 loops give the bits this process's loops give (AVX-512 where the CPU has it: the
+    same operations in the same order), and the plain loops agree within each dtype's tolerance."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = {
+        (str(dtype), n): ((torch.randn(n, generator=gen) * 30).to(dtype), torch.randn(n, generator=gen).to(dtype))
+        for dtype in (torch.float32, torch.float16, torch.bfloat16)
+        for n in _TIER_LENGTHS
+    }
+    torch.save(inputs, tmp_path / "in.pt")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "PYTHONPATH": SRC}
+    res = subprocess.run(
+        [sys.executable, "-c", _TIER_CODE, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    theirs = torch.load(tmp_path / "out.pt")
+    for key, (x, y) in inputs.items():
+        ours = (opforge.sigmoid(x), opforge.square(x), opforge.add(x, y))
+        for name, a, b in zip(("sigmoid", "square", "add"), ours, theirs[key], strict=True):
+            if capability == "avx2":
+                assert torch.equal(a, b), f"{name} {key}: {(a.float() - b.float()).abs().max()} apart"
+            else:
+                torch.testing.assert_close(a, b, msg=lambda m, name=name, key=key: f"{name} {key}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -15,6 +15,13 @@
 //   OPFORGE_AVX2 void operator()(const __m256* in, __m256* out) const;  // under OPFORGE_X86_AVX2
 // and for_each_element runs it over n elements of dense buffers, split
 // between torch's threads (through the stable shim) at torch's grain.
+// An operator whose loop is bound by arithmetic rather than memory may also
+// set kAvx512 and define
+//   OPFORGE_AVX512 void operator()(const __m512* in, __m512* out) const;
+// which runs, 16 lanes at a time, where the CPU has the AVX-512 that torch's
+// own avx512 kernels need (torch runs those there: sigmoid's exp from AVX2
+// alone was 0.55-0.76x torch's on an AVX-512 EPYC). Same operations in the
+// same order as the AVX2 one, so both give the same bits.
 
 #include <array>
 #include <cstdint>
@@ -28,6 +35,7 @@
 #define OPFORGE_X86_AVX2 1
 #include <immintrin.h>
 #define OPFORGE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define OPFORGE_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 #endif
 
 namespace opforge {
@@ -63,6 +71,18 @@ inline bool cpu_has_avx2() {
     if (cap != nullptr && std::strcmp(cap, "default") == 0) return false;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
+  }();
+  return yes;
+}
+
+// What torch asks of a CPU for its avx512 kernels; ATEN_CPU_CAPABILITY=avx2
+// (or default) turns them off, and these with them.
+inline bool cpu_has_avx512() {
+  static const bool yes = [] {
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    if (cap != nullptr && (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "default") == 0)) return false;
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
   return yes;
 }
@@ -145,6 +165,72 @@ OPFORGE_AVX2 void loop_avx2(const Op& op, const std::array<const T*, Op::kIn> in
   for (int k = 0; k < Op::kOut; ++k) std::memcpy(out[k] + i, ys[k], rest * sizeof(T));
 }
 
+// 16 elements of T <-> 16 float lanes, rounded as the 8-lane versions round.
+OPFORGE_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+OPFORGE_AVX512 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+OPFORGE_AVX512 inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+OPFORGE_AVX512 inline void store16(c10::Half* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+OPFORGE_AVX512 inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+OPFORGE_AVX512 inline void store16(c10::BFloat16* p, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+
+template <typename Op, typename T>
+OPFORGE_AVX512 inline void step16(const Op& op, const std::array<const T*, Op::kIn>& in,
+                                  const std::array<T*, Op::kOut>& out, int64_t i) {
+  __m512 x[Op::kIn];
+  __m512 y[Op::kOut];
+  for (int k = 0; k < Op::kIn; ++k) x[k] = load16(in[k] + i);
+  op(x, y);
+  for (int k = 0; k < Op::kOut; ++k) store16(out[k] + i, y[k]);
+}
+
+// loop_avx2's shape, 16 lanes wide.
+template <typename Op, typename T>
+OPFORGE_AVX512 void loop_avx512(const Op& op, const std::array<const T*, Op::kIn> in,
+                                const std::array<T*, Op::kOut> out, int64_t begin, int64_t end) {
+  int64_t i = begin;
+  for (; i + 32 <= end; i += 32) {
+    step16(op, in, out, i);
+    step16(op, in, out, i + 16);
+  }
+  for (; i + 16 <= end; i += 16) step16(op, in, out, i);
+  if (i == end) return;
+  const int64_t rest = end - i;
+  alignas(64) T xs[Op::kIn][16] = {};
+  alignas(64) T ys[Op::kOut][16];
+  std::array<const T*, Op::kIn> tin;
+  std::array<T*, Op::kOut> tout;
+  for (int k = 0; k < Op::kIn; ++k) {
+    std::memcpy(xs[k], in[k] + i, rest * sizeof(T));
+    tin[k] = xs[k];
+  }
+  for (int k = 0; k < Op::kOut; ++k) tout[k] = ys[k];
+  step16(op, tin, tout, 0);
+  for (int k = 0; k < Op::kOut; ++k) std::memcpy(out[k] + i, ys[k], rest * sizeof(T));
+}
+
+template <typename Op, typename = void>
+struct wants_avx512 : std::false_type {};
+template <typename Op>
+struct wants_avx512<Op, std::enable_if_t<Op::kAvx512>> : std::true_type {};
+
 #endif  // OPFORGE_X86_AVX2
 
 }  // namespace detail
@@ -157,6 +243,12 @@ void for_each_element(const Op& op, int64_t n, const std::array<const T*, Op::kI
   torch::stable::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
 #ifdef OPFORGE_X86_AVX2
     if constexpr (!std::is_same_v<T, double>) {
+      if constexpr (detail::wants_avx512<Op>::value) {
+        if (detail::cpu_has_avx512()) {
+          detail::loop_avx512(op, in, out, begin, end);
+          return;
+        }
+      }
       if (detail::cpu_has_avx2()) {
         detail::loop_avx2(op, in, out, begin, end);
         return;
@@ -193,6 +285,27 @@ OPFORGE_AVX2 inline __m256 exp8(__m256 x) {
   const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
   const __m256i e = _mm256_slli_epi32(biased, 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// exp8, 16 lanes: the same steps, so the same bits.
+OPFORGE_AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  const __m512i biased = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+  const __m512i e = _mm512_slli_epi32(biased, 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 #endif
 

@@ -34,6 +34,13 @@ struct SigmoidOp {
     const __m256 underflow = _mm256_cmp_ps(x[0], ln_max, _CMP_LT_OQ);
     y[0] = _mm256_andnot_ps(underflow, _mm256_div_ps(one, _mm256_add_ps(one, e)));
   }
+  static constexpr bool kAvx512 = true;  // bound by exp's arithmetic
+  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = cpu::exp16(_mm512_sub_ps(_mm512_setzero_ps(), x[0]));
+    const __mmask16 underflow = _mm512_cmp_ps_mask(x[0], _mm512_set1_ps(-88.72283935546875f), _CMP_LT_OQ);
+    y[0] = _mm512_mask_blend_ps(underflow, _mm512_div_ps(one, _mm512_add_ps(one, e)), _mm512_setzero_ps());
+  }
 #endif
 };
 
