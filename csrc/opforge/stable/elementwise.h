@@ -63,6 +63,15 @@ inline bool is_non_overlapping_and_dense(IntArrayRef sizes, IntArrayRef strides)
   return true;
 }
 
+// Whether every tensor of `ts` is contiguous (torch's own test: an empty tensor is).
+template <size_t N>
+bool all_contiguous(const std::array<Tensor, N>& ts) {
+  for (const Tensor& t : ts) {
+    if (!t.is_contiguous()) return false;
+  }
+  return true;
+}
+
 // The strides of the result torch's elementwise ops (TensorIterator) give to
 // `inputs` of one shape: contiguous, channels_last or the one shared dense
 // layout when every input has it; otherwise a dense layout whose dimension
@@ -70,11 +79,8 @@ inline bool is_non_overlapping_and_dense(IntArrayRef sizes, IntArrayRef strides)
 template <size_t N>
 Strides result_strides(const std::array<Tensor, N>& inputs) {
   const IntArrayRef sizes = inputs[0].sizes();
-  bool contiguous = true;
-  // torch's own test: an empty tensor is contiguous.
-  for (const Tensor& t : inputs) contiguous = contiguous && t.is_contiguous();
   // The common case first, without the layout tests below (a vector and a sort per input).
-  if (contiguous) return contiguous_strides(sizes);
+  if (all_contiguous(inputs)) return contiguous_strides(sizes);
   const IntArrayRef first = inputs[0].strides();
   bool channels_last = true;
   bool shared_dense = true;
@@ -183,9 +189,7 @@ template <typename Kernel, typename... Inputs>
 void into_out(Tensor& out, Kernel&& kernel, const Inputs&... inputs) {
   const std::array<Tensor, sizeof...(Inputs)> in{inputs...};
   // The common case first, without the layout tests below: all contiguous, the kernel writes out.
-  bool contiguous = out.is_contiguous();
-  for (const Tensor& t : in) contiguous = contiguous && t.is_contiguous();
-  if (contiguous) {
+  if (out.is_contiguous() && all_contiguous(in)) {
     kernel(out, inputs...);
     return;
   }
