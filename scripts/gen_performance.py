@@ -100,7 +100,7 @@ PROSE: dict[str, str] = {
         'should match the contiguous case of the same size ("vs contiguous": the contiguous time over this one).'
     ),
     "cpu-elementwise": (
-        "The CPU loops are compiled for AVX2 (and, for `sigmoid`, whose exponential makes it bound by arithmetic, AVX-512) "
+        "The CPU loops are compiled for `AVX2` (and, for `sigmoid`, whose exponential makes it bound by arithmetic, `AVX-512`) "
         "chosen at run time by what the CPU reports and `ATEN_CPU_CAPABILITY`, as torch chooses its own, and as plain C++, "
         "and split between torch's threads at torch's grain. The copy limit is measured on a buffer larger than the CPU's "
         "caches and these cases are far smaller, so a fraction of that limit says little about them and the table gives "
