@@ -76,6 +76,15 @@ def test_sides_are_timed_in_turns_and_a_failing_side_is_reported():
     assert len(runs) >= 2 and all(r == 10 for r in runs[:-1]) and runs[-1] % 10 == 0, runs
 
 
+def test_the_spin_before_a_gpu_call_outlasts_what_the_host_takes_to_queue_it():
+    from opforge.bench_timing import _SPIN_CYCLES, _SPIN_HOST_MARGIN, spin_cycles
+
+    assert spin_cycles(0.0, 1980.0) == _SPIN_CYCLES  # a short host side: the default spin
+    assert spin_cycles(20.0, 1980.0) == _SPIN_CYCLES
+    long_host = spin_cycles(200.0, 2000.0)  # 200 us of host work at 2000 cycles a us
+    assert long_host == int(_SPIN_HOST_MARGIN * 200.0 * 2000.0) > _SPIN_CYCLES
+
+
 def test_input_sets_rotate_only_what_fits_in_cache():
     gen = generator(torch.device("cpu"), 0)
     small = Sample((torch.randn(1000), torch.randn(1000)), {"alpha": 2.0}, "small")

@@ -36,6 +36,20 @@ TARGET_SPREAD = 0.01
 # on an H200: spreads 32-84 % without it, 2.8-4.6 % with it; benchmarks/experiments/bench_timing.py
 # measured the spin's own cost at 0.3-0.4 us).
 _SPIN_CYCLES = 200_000
+# A call whose host side takes longer (an operator that launches several kernels and calls
+# cuBLAS through the dispatcher: lltm_backward) gets a spin this many times its measured
+# host time, so that jitter on the host (another thread taking the GIL) still finds the
+# GPU busy: see spin_cycles.
+_SPIN_HOST_MARGIN = 3.0
+
+
+def spin_cycles(host_us: float, cycles_per_us: float) -> int:
+    """Cycles of the spin kernel queued before a call whose host side took
+    ``host_us`` to queue it: at least ``_SPIN_CYCLES``, and long enough for
+    the host to queue the call ``_SPIN_HOST_MARGIN`` times over."""
+    return max(_SPIN_CYCLES, int(_SPIN_HOST_MARGIN * host_us * cycles_per_us))
+
+
 # Input sets rotated when a case fits in L2: enough that the set a call reads
 # was last touched several calls (and one flush) ago.
 _MAX_INPUT_SETS = 8
@@ -104,6 +118,7 @@ class Timer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._cycles_per_us: float | None = None
         if device.type == "cuda":
             self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
         else:
@@ -135,7 +150,20 @@ class Timer:
         else:
             self._flush.sum()
 
-    def batch(self, call: Callable[[int], Any]) -> Callable[[int], list[float]]:
+    def cycles_per_us(self) -> float:
+        """The spin kernel's cycles per microsecond on this GPU, measured once."""
+        if self._cycles_per_us is None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(10 * _SPIN_CYCLES)
+            end.record()
+            end.synchronize()
+            self._cycles_per_us = 10 * _SPIN_CYCLES / max(start.elapsed_time(end) * 1e3, 1e-3)
+        return self._cycles_per_us
+
+    def batch(self, call: Callable[[int], Any], *, host_us: float = 0.0) -> Callable[[int], list[float]]:
+        """Timed calls of ``call``; ``host_us``: how long the host takes to queue one
+        (on a GPU the spin before each start event covers it)."""
         counter = [0]
 
         def next_index() -> int:
@@ -143,12 +171,13 @@ class Timer:
             return counter[0]
 
         if self.device.type == "cuda":
+            spin = spin_cycles(host_us, self.cycles_per_us())
 
             def run(k: int) -> list[float]:
                 events = []
                 for _ in range(k):
                     self.flush()
-                    torch.cuda._sleep(_SPIN_CYCLES)
+                    torch.cuda._sleep(spin)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     call(next_index())
@@ -246,15 +275,18 @@ def _prepared(
     timer.sync()
     t0 = time.perf_counter()
     call(1)
+    host_us = (time.perf_counter() - t0) * 1e6  # queued, not yet run (on a GPU)
     timer.sync()
     # A call longer than a tenth of the budget (a large matmul on the CPU): one
     # warm-up less and 5 timed calls at least, not 10; the median of a few long
     # calls is as steady as that of many short ones, and the budget holds.
     long_calls = time.perf_counter() - t0 > budget_s / 10
     if not long_calls:
+        t0 = time.perf_counter()
         call(2)
+        host_us = max(host_us, (time.perf_counter() - t0) * 1e6)
         timer.sync()
-    return timer.batch(call), 5 if long_calls else 10
+    return timer.batch(call, host_us=host_us), 5 if long_calls else 10
 
 
 def time_fn(fn: Callable[..., Any], sets: Sequence[Sample], timer: Timer, *, budget_s: float, graph: bool) -> Timing:
