@@ -205,6 +205,8 @@ def test_nn_modules(device):
 def test_cuda_kernel_runs_on_current_stream_and_device():
     x = torch.randn(1 << 20, device="cuda")
     s = torch.cuda.Stream()
+    # x is written on the current stream: s must wait for it, or square may read it half-written.
+    s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         y = opforge.square(x)
     s.synchronize()
