@@ -116,9 +116,11 @@ PROSE: dict[str, str] = {
         "Measured by `benchmarks/host_overhead.py`: many calls from Python, one synchronisation, the best of several runs."
     ),
     "lltm": (
-        "At the small size a training step is a handful of small kernels wrapped in Python autograd, so launch and host "
-        "overhead bound it rather than the GPU's work: replayed from CUDA graphs the same calls take a fraction of the "
-        "time. At the large size the gate matrix products, which opforge leaves to cuBLAS as eager PyTorch does, take "
+        "The bench queues each call behind a spin on the GPU that outlasts the host's time to queue the whole call, so "
+        "these are the GPU's times from the call's first kernel to its last: host overhead, which bounds a small "
+        "training step's wall time, is not in them (the host-overhead table has it). At the small size eager's training "
+        "step still leaves the GPU idle between its small kernels; replayed from CUDA graphs its calls take a fraction "
+        "of the time, opforge's, fused into fewer kernels, less to gain. At the large size the gate matrix products, which opforge leaves to cuBLAS as eager PyTorch does, take "
         "most of the time, and opforge gains in the fused elementwise work around them. "
         "Measured by `examples/lltm/bench.py` in `float32` (forward, and forward with backward as a training step pays "
         "for it, autograd included), the reference compiled per size; the timer is the bench's."
