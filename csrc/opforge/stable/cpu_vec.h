@@ -125,6 +125,29 @@ OPFORGE_AVX2 inline void store8(c10::BFloat16* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
 
+// One vector step of W lanes at element i, as step8 and step16 are.
+template <typename Op, typename T>
+using Step = void (*)(const Op&, const std::array<const T*, Op::kIn>&, const std::array<T*, Op::kOut>&, int64_t);
+
+// The last end - i (fewer than W) elements through the same vector step as
+// the rest (bit-identical to it), staged in zero-padded buffers.
+template <int W, typename Op, typename T>
+void staged_tail(const Op& op, const std::array<const T*, Op::kIn>& in, const std::array<T*, Op::kOut>& out,
+                 int64_t i, int64_t end, Step<Op, T> step) {
+  const int64_t rest = end - i;
+  alignas(64) T xs[Op::kIn][W] = {};
+  alignas(64) T ys[Op::kOut][W];
+  std::array<const T*, Op::kIn> tin;
+  std::array<T*, Op::kOut> tout;
+  for (int k = 0; k < Op::kIn; ++k) {
+    std::memcpy(xs[k], in[k] + i, rest * sizeof(T));
+    tin[k] = xs[k];
+  }
+  for (int k = 0; k < Op::kOut; ++k) tout[k] = ys[k];
+  step(op, tin, tout, 0);
+  for (int k = 0; k < Op::kOut; ++k) std::memcpy(out[k] + i, ys[k], rest * sizeof(T));
+}
+
 template <typename Op, typename T>
 OPFORGE_AVX2 inline void step8(const Op& op, const std::array<const T*, Op::kIn>& in,
                                const std::array<T*, Op::kOut>& out, int64_t i) {
@@ -148,21 +171,7 @@ OPFORGE_AVX2 void loop_avx2(const Op& op, const std::array<const T*, Op::kIn> in
     step8(op, in, out, i + 8);
   }
   for (; i + 8 <= end; i += 8) step8(op, in, out, i);
-  if (i == end) return;
-  // The last 1-7 elements through the same vector code (bit-identical to
-  // the rest), staged in zero-padded buffers.
-  const int64_t rest = end - i;
-  alignas(32) T xs[Op::kIn][8] = {};
-  alignas(32) T ys[Op::kOut][8];
-  std::array<const T*, Op::kIn> tin;
-  std::array<T*, Op::kOut> tout;
-  for (int k = 0; k < Op::kIn; ++k) {
-    std::memcpy(xs[k], in[k] + i, rest * sizeof(T));
-    tin[k] = xs[k];
-  }
-  for (int k = 0; k < Op::kOut; ++k) tout[k] = ys[k];
-  step8(op, tin, tout, 0);
-  for (int k = 0; k < Op::kOut; ++k) std::memcpy(out[k] + i, ys[k], rest * sizeof(T));
+  if (i < end) staged_tail<8>(op, in, out, i, end, &step8<Op, T>);
 }
 
 // 16 elements of T <-> 16 float lanes, rounded as the 8-lane versions round.
@@ -211,19 +220,7 @@ OPFORGE_AVX512 void loop_avx512(const Op& op, const std::array<const T*, Op::kIn
     step16(op, in, out, i + 16);
   }
   for (; i + 16 <= end; i += 16) step16(op, in, out, i);
-  if (i == end) return;
-  const int64_t rest = end - i;
-  alignas(64) T xs[Op::kIn][16] = {};
-  alignas(64) T ys[Op::kOut][16];
-  std::array<const T*, Op::kIn> tin;
-  std::array<T*, Op::kOut> tout;
-  for (int k = 0; k < Op::kIn; ++k) {
-    std::memcpy(xs[k], in[k] + i, rest * sizeof(T));
-    tin[k] = xs[k];
-  }
-  for (int k = 0; k < Op::kOut; ++k) tout[k] = ys[k];
-  step16(op, tin, tout, 0);
-  for (int k = 0; k < Op::kOut; ++k) std::memcpy(out[k] + i, ys[k], rest * sizeof(T));
+  if (i < end) staged_tail<16>(op, in, out, i, end, &step16<Op, T>);
 }
 
 template <typename Op, typename = void>
