@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -123,8 +124,12 @@ _TIER_LENGTHS = (1, 7, 8, 15, 16, 17, 31, 33, 47, 1000)
 _TIER_CODE = """
 import sys, torch, opforge
 inputs = torch.load(sys.argv[1])
-torch.save({k: (opforge.sigmoid(x), opforge.square(x), opforge.add(x, y)) for k, (x, y) in inputs.items()}, sys.argv[2])
+torch.save({k: _tier_outputs(*args) for k, args in inputs.items()}, sys.argv[2])
 """
+
+
+def _tier_outputs(x, y, cell):  # also run in the subprocess, from its source
+    return (opforge.sigmoid(x), opforge.square(x), opforge.add(x, y), *opforge.lltm_forward(*cell))
 
 
 @pytest.mark.parametrize("capability", ["avx2", "default"])
@@ -132,15 +137,32 @@ def test_cpu_vector_tiers_agree(capability, tmp_path, seed):
     """The AVX2 loops give the bits this process's loops give (AVX-512 where the CPU has it: the
     same operations in the same order), and the plain loops agree within each dtype's tolerance."""
     gen = torch.Generator().manual_seed(seed)
+
+    def cell(dtype: torch.dtype, state: int) -> tuple[torch.Tensor, ...]:
+        # An LLTM cell of `state` features a row, so that its rows' runs end in every tail too. Its
+        # gate pre-activations are exact in every dtype (a few weights a row, all multiples of 1/128):
+        # the matrix product is torch's, whose half-precision kernels round differently in each tier.
+        k = 5 + state
+        x = torch.randint(-4, 5, (3, 5), generator=gen) / 16
+        h = torch.randint(-4, 5, (3, state), generator=gen) / 16
+        w = torch.randint(-1, 2, (3 * state, k), generator=gen) / 8 * (torch.rand(3 * state, k, generator=gen) < 8 / k)
+        b = torch.randint(-32, 33, (3 * state,), generator=gen) / 64
+        c = torch.randn(3, state, generator=gen) * 2
+        return tuple(t.to(dtype) for t in (x, w, b, h, c))
+
     inputs = {
-        (str(dtype), n): ((torch.randn(n, generator=gen) * 30).to(dtype), torch.randn(n, generator=gen).to(dtype))
+        (str(dtype), n): (
+            (torch.randn(n, generator=gen) * 30).to(dtype),
+            torch.randn(n, generator=gen).to(dtype),
+            cell(dtype, n),
+        )
         for dtype in (torch.float32, torch.float16, torch.bfloat16)
         for n in _TIER_LENGTHS
     }
     torch.save(inputs, tmp_path / "in.pt")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "PYTHONPATH": SRC}
     res = subprocess.run(
-        [sys.executable, "-c", _TIER_CODE, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+        [sys.executable, "-c", inspect.getsource(_tier_outputs) + _TIER_CODE, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
         env=env,
         capture_output=True,
         text=True,
@@ -148,9 +170,9 @@ def test_cpu_vector_tiers_agree(capability, tmp_path, seed):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     theirs = torch.load(tmp_path / "out.pt")
-    for key, (x, y) in inputs.items():
-        ours = (opforge.sigmoid(x), opforge.square(x), opforge.add(x, y))
-        for name, a, b in zip(("sigmoid", "square", "add"), ours, theirs[key], strict=True):
+    names = ("sigmoid", "square", "add", "lltm_forward new_h", "lltm_forward new_cell", "lltm_forward gates")
+    for key, args in inputs.items():
+        for name, a, b in zip(names, _tier_outputs(*args), theirs[key], strict=True):
             if capability == "avx2":
                 assert torch.equal(a, b), f"{name} {key}: {(a.float() - b.float()).abs().max()} apart"
             else:

@@ -25,22 +25,9 @@ struct SigmoidOp {
     y[0] = A(1) / (A(1) + std::exp(-x[0]));
   }
 #ifdef OPFORGE_X86_AVX2
-  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 e = cpu::exp8(_mm256_sub_ps(_mm256_setzero_ps(), x[0]));
-    // Below -ln(FLT_MAX), exp(-x) overflows and torch's sigmoid is 0; exp8
-    // saturates at e^88 there, which would leave 6e-39.
-    const __m256 ln_max = _mm256_set1_ps(-88.72283935546875f);
-    const __m256 underflow = _mm256_cmp_ps(x[0], ln_max, _CMP_LT_OQ);
-    y[0] = _mm256_andnot_ps(underflow, _mm256_div_ps(one, _mm256_add_ps(one, e)));
-  }
+  OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const { y[0] = cpu::sigmoid8(x[0]); }
   static constexpr bool kAvx512 = true;  // bound by exp's arithmetic
-  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 e = cpu::exp16(_mm512_sub_ps(_mm512_setzero_ps(), x[0]));
-    const __mmask16 underflow = _mm512_cmp_ps_mask(x[0], _mm512_set1_ps(-88.72283935546875f), _CMP_LT_OQ);
-    y[0] = _mm512_mask_blend_ps(underflow, _mm512_div_ps(one, _mm512_add_ps(one, e)), _mm512_setzero_ps());
-  }
+  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const { y[0] = cpu::sigmoid16(x[0]); }
 #endif
 };
 
