@@ -107,14 +107,26 @@ _FAST_BUILD_LOG = re.compile(r"^opforge_fast-build-(?P<pid>\d+)\.log$")
 
 def failed_build_logs(root: Path | None = None) -> list[Path]:
     """The logs of the fast path's background builds that no process will read:
-    their starter has exited (a live one still reads its build's log)."""
+    their starter has exited (a live one still reads its build's log), and no
+    build of the fast path is running (one that outlived its starter removes
+    its log when it works)."""
     root = root or cache_root(write=False)
+    if not root.is_dir() or _fast_path_building(root):
+        return []
     logs = []
-    for f in sorted(root.iterdir()) if root.is_dir() else ():
+    for f in sorted(root.iterdir()):
         m = _FAST_BUILD_LOG.match(f.name)
         if m and f.is_file() and not _alive(int(m["pid"])):
             logs.append(f)
     return logs
+
+
+def _fast_path_building(root: Path) -> bool:
+    for lock in root.glob("opforge_fast-*.lock"):
+        with _unless_busy(lock) as free:
+            if not free:
+                return True
+    return False
 
 
 def _alive(pid: int) -> bool:
