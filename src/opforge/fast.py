@@ -77,8 +77,9 @@ def _build_in_a_process() -> None:
     (it outlives this one); returns when it is done. Raises RuntimeError with
     the build's message when it fails."""
     from opforge.builder import cache_root
+    from opforge.builder.cache import fast_build_log
 
-    log = cache_root() / f"opforge_fast-build-{os.getpid()}.log"
+    log = fast_build_log(cache_root(), os.getpid())
     package_parent = str(Path(__file__).resolve().parents[1])
     env = {
         **os.environ,

@@ -105,6 +105,11 @@ def clean(older_than_days: float | None = None, root: Path | None = None) -> tup
 _FAST_BUILD_LOG = re.compile(r"^opforge_fast-build-(?P<pid>\d+)\.log$")
 
 
+def fast_build_log(root: Path, pid: int) -> Path:
+    """The log of the fast path's background build started by process ``pid``."""
+    return root / f"opforge_fast-build-{pid}.log"
+
+
 def failed_build_logs(root: Path | None = None) -> list[Path]:
     """The logs of the fast path's background builds that no process will read:
     their starter has exited (a live one still reads its build's log), and no
