@@ -117,10 +117,10 @@ def test_add_out_writes_into_a_strided_out(device):
     torch.testing.assert_close(out, a + b)
 
 
-# The CPU loops come in tiers: AVX-512 (for the operators bound by arithmetic), AVX2 and plain
+# The CPU loops come in tiers: AVX-512 (every elementwise operator but lltm's), AVX2 and plain
 # C++, chosen at run time by what the CPU has and ATEN_CPU_CAPABILITY. Lengths around the vector
-# widths (8 and 16 lanes, two vectors a step) reach every tail.
-_TIER_LENGTHS = (1, 7, 8, 15, 16, 17, 31, 33, 47, 1000)
+# widths (8 lanes two vectors a step, 16 lanes four a step) reach every tail.
+_TIER_LENGTHS = (1, 7, 8, 15, 16, 17, 31, 33, 47, 63, 64, 65, 81, 1000)
 _TIER_CODE = """
 import sys, torch, opforge
 inputs = torch.load(sys.argv[1])
@@ -129,7 +129,15 @@ torch.save({k: _tier_outputs(*args) for k, args in inputs.items()}, sys.argv[2])
 
 
 def _tier_outputs(x, y, cell):  # also run in the subprocess, from its source
-    return (opforge.sigmoid(x), opforge.square(x), opforge.add(x, y), *opforge.lltm_forward(*cell))
+    return (
+        opforge.sigmoid(x),
+        opforge.sigmoid_backward(y, opforge.sigmoid(x)),
+        opforge.square(x),
+        opforge.add(x, y),
+        opforge.axpby(x, y, 0.75, -1.5),
+        *opforge.axpby_backward(y, 0.75, -1.5),
+        *opforge.lltm_forward(*cell),
+    )
 
 
 @pytest.mark.parametrize("capability", ["avx2", "default"])
@@ -170,7 +178,8 @@ def test_cpu_vector_tiers_agree(capability, tmp_path, seed):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     theirs = torch.load(tmp_path / "out.pt")
-    names = ("sigmoid", "square", "add", "lltm_forward new_h", "lltm_forward new_cell", "lltm_forward gates")
+    names = ("sigmoid", "sigmoid_backward", "square", "add", "axpby", "axpby_backward grad x", "axpby_backward grad y")
+    names += ("lltm_forward new_h", "lltm_forward new_cell", "lltm_forward gates")
     for key, args in inputs.items():
         for name, a, b in zip(names, _tier_outputs(*args), theirs[key], strict=True):
             if capability == "avx2":

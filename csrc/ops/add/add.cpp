@@ -23,6 +23,8 @@ struct AddOp {
   OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
     y[0] = _mm256_add_ps(x[0], x[1]);
   }
+  static constexpr bool kAvx512 = true;
+  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const { y[0] = _mm512_add_ps(x[0], x[1]); }
 #endif
 };
 

@@ -27,6 +27,11 @@ struct AxpbyOp {
     const __m256 by = _mm256_mul_ps(_mm256_set1_ps(beta), x[1]);
     y[0] = _mm256_fmadd_ps(_mm256_set1_ps(alpha), x[0], by);
   }
+  static constexpr bool kAvx512 = true;
+  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const {
+    const __m512 by = _mm512_mul_ps(_mm512_set1_ps(beta), x[1]);
+    y[0] = _mm512_fmadd_ps(_mm512_set1_ps(alpha), x[0], by);
+  }
 #endif
 };
 
@@ -46,6 +51,11 @@ struct AxpbyBackwardOp {
   OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
     y[0] = _mm256_mul_ps(_mm256_set1_ps(alpha), x[0]);
     y[1] = _mm256_mul_ps(_mm256_set1_ps(beta), x[0]);
+  }
+  static constexpr bool kAvx512 = true;
+  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const {
+    y[0] = _mm512_mul_ps(_mm512_set1_ps(alpha), x[0]);
+    y[1] = _mm512_mul_ps(_mm512_set1_ps(beta), x[0]);
   }
 #endif
 };

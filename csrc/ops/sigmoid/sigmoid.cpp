@@ -26,7 +26,7 @@ struct SigmoidOp {
   }
 #ifdef OPFORGE_X86_AVX2
   OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const { y[0] = cpu::sigmoid8(x[0]); }
-  static constexpr bool kAvx512 = true;  // bound by exp's arithmetic
+  static constexpr bool kAvx512 = true;
   OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const { y[0] = cpu::sigmoid16(x[0]); }
 #endif
 };
@@ -42,6 +42,11 @@ struct SigmoidBackwardOp {
   OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
     const __m256 rest = _mm256_sub_ps(_mm256_set1_ps(1.0f), x[1]);
     y[0] = _mm256_mul_ps(_mm256_mul_ps(x[0], x[1]), rest);
+  }
+  static constexpr bool kAvx512 = true;
+  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const {
+    const __m512 rest = _mm512_sub_ps(_mm512_set1_ps(1.0f), x[1]);
+    y[0] = _mm512_mul_ps(_mm512_mul_ps(x[0], x[1]), rest);
   }
 #endif
 };

@@ -22,6 +22,8 @@ struct SquareOp {
   OPFORGE_AVX2 void operator()(const __m256* x, __m256* y) const {
     y[0] = _mm256_mul_ps(x[0], x[0]);
   }
+  static constexpr bool kAvx512 = true;
+  OPFORGE_AVX512 void operator()(const __m512* x, __m512* y) const { y[0] = _mm512_mul_ps(x[0], x[0]); }
 #endif
 };
 
