@@ -64,7 +64,6 @@ def test_sides_are_timed_in_turns_and_a_failing_side_is_reported():
     x = torch.randn(8)
     sets = [Sample((x,), {}, "tiny")]
     timer = bench.Timer(torch.device("cpu"))
-    timer._flush = torch.ones(16)  # the cache flush is not what this is about
     sides = {"a": (side("a"), sets), "b": (side("b"), sets), "broken": (side("broken", fail_after=5), sets)}
     got = bench.time_interleaved(sides, timer, budget_s=0.05, graph=False)
     assert isinstance(got["a"], Timing) and isinstance(got["b"], Timing) and got["a"].reps >= 10
@@ -89,13 +88,48 @@ def test_input_sets_rotate_only_what_fits_in_cache():
     gen = generator(torch.device("cpu"), 0)
     small = Sample((torch.randn(1000), torch.randn(1000)), {"alpha": 2.0}, "small")
     sets = input_sets(small, l2_bytes=64_000, gen=gen)
-    assert len(sets) == 8  # 8 KB per set against 64 KB of cache: the cap
+    assert len(sets) == 16  # 8 KB per set: on the CPU, sets enough to fill twice the 64 KB cache
     for s in sets[1:]:
         assert s.kwargs == {"alpha": 2.0}
         assert not torch.equal(s.args[0], small.args[0])
+        assert s.args[0].data_ptr() != small.args[0].data_ptr()
         assert torch.equal(s.args[0].sort().values, small.args[0].sort().values)  # same values, new order
+    assert len(input_sets(Sample((torch.randn(10),), {}, "tiny"), l2_bytes=1 << 25, gen=gen)) == 1024  # the cap
     big = Sample((torch.randn(100_000),), {}, "big")
     assert len(input_sets(big, l2_bytes=64_000, gen=gen)) == 1
+
+
+def test_input_sets_keep_each_tensors_layout():
+    gen = generator(torch.device("cpu"), 0)
+    t = torch.randn(40, 30).t()
+    cl = torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last)
+    sliced = torch.randn(40, 30)[:, ::3]
+    expanded = torch.randn(30, 1).expand(30, 20)
+    sets = input_sets(Sample((t, cl, sliced, expanded), {}, "layouts"), l2_bytes=64_000, gen=gen)
+    assert len(sets) > 2
+    for s in sets[1:]:
+        for new, old in zip(s.args[:3], (t, cl, sliced), strict=True):
+            assert new.shape == old.shape and new.stride() == old.stride() and new.data_ptr() != old.data_ptr()
+            assert torch.equal(new.flatten().sort().values, old.flatten().sort().values)
+        assert s.args[3] is expanded  # its elements share memory: kept as it is
+    leaf = torch.randn(50, requires_grad=True)
+    for s in input_sets(Sample((leaf,), {}, "grad"), l2_bytes=64_000, gen=gen)[1:]:
+        assert s.args[0].is_leaf and s.args[0].requires_grad
+
+
+def test_every_side_shares_one_rotation_of_the_input_sets():
+    # A side that read the sets another side had just read would find them in cache.
+    sets = [Sample((torch.full((4,), float(k)),), {}, "set") for k in range(5)]
+    read: list[tuple[str, int]] = []
+
+    def side(name):
+        return lambda x: read.append((name, int(x[0])))
+
+    timer = bench.Timer(torch.device("cpu"))
+    bench.time_interleaved({"a": (side("a"), sets), "b": (side("b"), sets)}, timer, budget_s=0.02, graph=False)
+    timed = [k for _, k in read[6:]]  # after the warm-ups (3 calls a side)
+    assert {n for n, _ in read[6:]} == {"a", "b"}
+    assert all((k1 - k0) % len(sets) == 1 for k0, k1 in itertools.pairwise(timed)), timed
 
 
 # Outputs per streaming (elementwise) operator: each tensor is read or written once.

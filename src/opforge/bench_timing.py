@@ -8,11 +8,20 @@
   (torch.compile's worker pool, tqdm's monitor, alive after the checks of
   ``opforge run``) put that wait into some samples: 30-84 % spreads on ~35 us calls.
   ``graph=True`` replays the call from a CUDA graph, removing launch overhead.
-* CPU: ``time.perf_counter`` around each call, warm-up first.
+* CPU: ``time.perf_counter`` around each call, warm-up first, no flush: the
+  input sets rotated through fill twice the last-level cache, so each call
+  reads its inputs from DRAM while the code it runs (torch's dispatcher and
+  allocator as much as the kernel) stays in cache, as it does in a model,
+  where every operator runs that code. A flush by reading a buffer evicts the
+  code too: torch.add of one float32 element took 1.4 us in the rotation and
+  21.4 us after one, and the 2^16-element cases measured mostly that cold
+  start (benchmarks/experiments/cpu_flush.py).
 * Stop rule: repetitions until the inter-quartile range is under 1 % of the
   median, or the time budget per case and side is spent; median and IQR kept.
-* Inputs: fresh random data; when a case fits in L2 several input sets are
-  rotated, so no call finds its inputs left in cache by the previous one.
+* Inputs: fresh random data; when a case fits in the cache several input sets
+  are rotated, so no call finds its inputs left in cache by an earlier one.
+  All the sides of a case share one rotation: the set a call reads is the one
+  least recently read by any side.
 """
 
 from __future__ import annotations
@@ -50,9 +59,12 @@ def spin_cycles(host_us: float, cycles_per_us: float) -> int:
     return max(_SPIN_CYCLES, int(_SPIN_HOST_MARGIN * host_us * cycles_per_us))
 
 
-# Input sets rotated when a case fits in L2: enough that the set a call reads
-# was last touched several calls (and one flush) ago.
+# Input sets rotated on a GPU when a case fits in L2: enough that the set a call
+# reads was last touched several calls (and one flush) ago.
 _MAX_INPUT_SETS = 8
+# On the CPU, where the rotation alone evicts them: enough to fill twice the
+# last-level cache down to 64 KB inputs (32 MB L3: 2^16 float32 add takes 128 sets).
+_MAX_CPU_INPUT_SETS = 1024
 
 
 @dataclass
@@ -119,35 +131,26 @@ class Timer:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._cycles_per_us: float | None = None
+        self._calls = 0  # one count for every side timed, so that they share the rotation
         if device.type == "cuda":
             self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
         else:
             self.l2_bytes = _cpu_last_level_cache()
-        # Reading twice the last-level cache before each timed call evicts the
+        # On a GPU, reading twice the L2 before each timed call evicts the
         # inputs: the op is timed from DRAM, as it runs inside a model. Read, not
         # written: zeroing the buffer (as this did until 2026-11-23) left the L2
         # full of dirty lines whose write-back the timed call then paid for,
         # several us for a call that reads ~32 MB (fp16 matmul at M=1, K=N=8192
         # on an H200: 46.6 us after a zeroing flush, 38.1 after a reading one;
         # benchmarks/experiments/qqq_flush.py).
-        nbytes = max(2 * self.l2_bytes, 1 << 20)
+        # The CPU has no flush: the input sets' rotation evicts (see the module's docstring).
+        self._flush: torch.Tensor | None = None
         if device.type == "cuda":
-            self._flush: torch.Tensor | bytearray = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-        else:
-            # On the CPU, read by memchr, not by a torch op: torch.sum runs the same
-            # TensorIterator and allocation code as torch's elementwise ops and would
-            # warm it, for torch's side only, right before its timed call. On 2^16
-            # float32 (2 cores, 1 thread) torch.add took 33.1 us after a torch.sum
-            # flush and 38.9 after one that runs no torch code, opforge.add 39.1 and
-            # 40.6 (benchmarks/experiments/cpu_flush.py). Ones, not zeros: untouched
-            # zero pages all map to one physical page, and reading them evicts nothing.
-            self._flush = bytearray(b"\x01") * nbytes
+            self._flush = torch.ones(max(2 * self.l2_bytes, 1 << 20) // 4, dtype=torch.float32, device=device)
 
     def flush(self) -> None:
-        """Evict the caches: read the whole flush buffer."""
-        if isinstance(self._flush, bytearray):
-            self._flush.find(0)  # no zero byte in it: memchr reads every byte
-        else:
+        """Evict the GPU's L2: read the whole flush buffer (nothing on the CPU)."""
+        if self._flush is not None:
             self._flush.sum()
 
     def cycles_per_us(self) -> float:
@@ -164,11 +167,10 @@ class Timer:
     def batch(self, call: Callable[[int], Any], *, host_us: float = 0.0) -> Callable[[int], list[float]]:
         """Timed calls of ``call``; ``host_us``: how long the host takes to queue one
         (on a GPU the spin before each start event covers it)."""
-        counter = [0]
 
         def next_index() -> int:
-            counter[0] += 1
-            return counter[0]
+            self._calls += 1
+            return self._calls
 
         if self.device.type == "cuda":
             spin = spin_cycles(host_us, self.cycles_per_us())
@@ -192,7 +194,6 @@ class Timer:
             out = []
             for _ in range(k):
                 i = next_index()
-                self.flush()
                 t0 = time.perf_counter()
                 call(i)
                 out.append((time.perf_counter() - t0) * 1e6)
@@ -222,22 +223,34 @@ def _input_bytes(sample: Sample) -> int:
 
 
 def input_sets(sample: Sample, l2_bytes: int, gen: torch.Generator) -> list[Sample]:
-    """The sample and, when it fits in L2 several times over, fresh copies of it:
-    each tensor's values permuted (same distribution, new arrangement)."""
+    """The sample and, when it fits in the cache (``l2_bytes``: a GPU's L2, the
+    CPU's last level) several times over, fresh copies of it: each tensor in
+    new memory of its own layout, its values rolled (same values, new
+    arrangement). On a GPU up to ``_MAX_INPUT_SETS``; on the CPU as many as
+    fill twice the cache, up to ``_MAX_CPU_INPUT_SETS``."""
     size = _input_bytes(sample)
     if size == 0 or l2_bytes == 0 or size > l2_bytes:
         return [sample]
-    n = min(_MAX_INPUT_SETS, max(2, math.ceil(2 * l2_bytes / size)))
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in sample.args)
+    n = min(_MAX_INPUT_SETS if on_gpu else _MAX_CPU_INPUT_SETS, max(2, math.ceil(2 * l2_bytes / size)))
     sets = [sample]
     for _ in range(n - 1):
-        args = []
-        for a in sample.args:
-            if isinstance(a, torch.Tensor) and a.is_contiguous() and a.numel() > 0:
-                perm = torch.randperm(a.numel(), generator=gen, device=gen.device).to(a.device)
-                a = a.reshape(-1)[perm].reshape(a.shape)
-            args.append(a)
-        sets.append(Sample(tuple(args), sample.kwargs, sample.desc))
+        args = tuple(_rolled_copy(a, gen) if isinstance(a, torch.Tensor) else a for a in sample.args)
+        sets.append(Sample(args, sample.kwargs, sample.desc))
     return sets
+
+
+def _rolled_copy(a: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``a``'s values rolled by a random shift, in new memory with ``a``'s strides
+    (a transposed or channels_last input stays one). An expanded tensor, whose
+    elements share memory, is returned as it is: a copy could not keep its layout."""
+    if a.numel() < 2 or any(st == 0 and sz > 1 for sz, st in zip(a.shape, a.stride(), strict=True)):
+        return a
+    shift = int(torch.randint(1, a.numel(), (1,), generator=gen, device=gen.device))
+    with torch.no_grad():
+        copy = a.new_empty_strided(a.shape, a.stride())
+        copy.copy_(a.reshape(-1).roll(shift).reshape(a.shape))
+    return copy.requires_grad_(a.requires_grad)  # a leaf, as the sample's own tensor is
 
 
 def _graphed(fn: Callable[..., Any], sets: Sequence[Sample]) -> Callable[[int], Any]:
