@@ -79,8 +79,10 @@ PROSE: dict[str, str] = {
     ),
     "conventions": (
         "Times are medians per call in microseconds (us), from `opforge bench` unless a table says otherwise: "
-        "CUDA events on a GPU, the host clock on the CPU, each call after the device's last-level cache is flushed "
-        "by reading a buffer larger than it, every case checked against its reference before it is timed. "
+        "CUDA events on a GPU, each call after the `L2` cache is flushed by reading a buffer larger than it; the host "
+        "clock on the CPU, each call on an input set not read since twice the last-level cache went through it (so its "
+        "inputs come from memory, while the code every operator runs stays in cache, as in a model); every case "
+        "checked against its reference before it is timed. "
         '"vs eager" (or "vs" any baseline) is the baseline\'s time over opforge\'s: above one, opforge is faster. '
         "GB/s counts the bytes the operator must move by its cost model, so an unfused baseline is charged the same bytes. "
         '"% of limit" is the roofline floor over the time: the bytes at the copy rate the same run measured, '
@@ -100,7 +102,7 @@ PROSE: dict[str, str] = {
         'should match the contiguous case of the same size ("vs contiguous": the contiguous time over this one).'
     ),
     "cpu-elementwise": (
-        "The CPU loops are compiled for `AVX2` (and, for `sigmoid`, whose exponential makes it bound by arithmetic, `AVX-512`) "
+        "The CPU loops are compiled for `AVX2` and `AVX-512` (all but LLTM's forward) "
         "chosen at run time by what the CPU reports and `ATEN_CPU_CAPABILITY`, as torch chooses its own, and as plain C++, "
         "and split between torch's threads at torch's grain. The copy limit is measured on a buffer larger than the CPU's "
         "caches and these cases are far smaller, so a fraction of that limit says little about them and the table gives "
