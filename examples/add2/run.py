@@ -24,7 +24,7 @@ os.environ.setdefault("OPFORGE_NO_AUTOLOAD", "1")
 
 import torch
 
-from opforge.bench import Timer, Timing, input_sets, repeat_until_stable
+from opforge.bench import Timer, Timing, input_sets, time_fn
 from opforge.builder.inline import build_pybind_folder
 from opforge.spec import Sample
 
@@ -85,10 +85,7 @@ def time_opforge(fn: Callable[..., Any], sets: Sequence[Sample], timer: Timer, b
     CPU), each call's inputs read from memory (the L2 flushed on a GPU; on the
     CPU input sets rotated through twice the last-level cache), repetitions until
     the inter-quartile range is under 1 % of the median or the budget is spent."""
-    for s in sets[:3]:
-        fn(*s.args)
-    timer.sync()
-    return repeat_until_stable(timer.batch(lambda i: fn(*sets[i % len(sets)].args)), budget_s=budget_s)
+    return time_fn(fn, sets, timer, budget_s=budget_s, graph=False)
 
 
 def main(argv: list[str] | None = None) -> int:

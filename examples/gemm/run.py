@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from gemm_build import gemm_config, setup_dir  # noqa: E402
 
-from opforge.bench import Timer, input_sets, repeat_until_stable  # noqa: E402
+from opforge.bench import Timer, input_sets, time_fn  # noqa: E402
 from opforge.builder import cache_root, load_module  # noqa: E402
 from opforge.check import measure_error  # noqa: E402
 from opforge.ops.gemm import make_operands, tolerance  # noqa: E402
@@ -213,10 +213,7 @@ def run_checks(module: types.ModuleType, device: torch.device) -> None:
     sets = input_sets(Sample((a, b), {}, "640^3"), timer.l2_bytes, gen)
     times = {}
     for name, fn in (("module.gemm", module.gemm), ("torch.matmul", torch.matmul)):
-        for s in sets[:3]:
-            fn(*s.args)
-        timer.sync()
-        times[name] = repeat_until_stable(timer.batch(lambda i, fn=fn: fn(*sets[i % len(sets)].args)), budget_s=0.3).median_us
+        times[name] = time_fn(fn, sets, timer, budget_s=0.3, graph=False).median_us
     rates = ", ".join(f"{n} {t:,.0f} us ({2 * 640**3 / t / 1e3:,.0f} GFLOP/s)" for n, t in times.items())
     print(f"time: 640^3 float32: {rates}")
 
