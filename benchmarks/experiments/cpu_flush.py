@@ -31,7 +31,8 @@ from collections.abc import Callable
 import torch
 
 import opforge
-from opforge.bench_timing import _cpu_last_level_cache
+from opforge.bench_timing import Timer, input_sets
+from opforge.spec import Sample
 
 Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]
 
@@ -53,11 +54,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     n = 1 << args.log2n
-    cache = _cpu_last_level_cache()
-    # As many (a, b, out) sets as fill twice the cache, at most 1024, as the bench rotates.
-    k = min(1024, max(2, -(-2 * cache // (3 * 4 * n))))
+    cache = Timer(torch.device("cpu")).l2_bytes
     g = torch.Generator().manual_seed(0)
-    sets = [tuple(torch.randn(n, generator=g) for _ in range(3)) for _ in range(k)]
+    # The (a, b, out) sets the bench would rotate through.
+    sets = [s.args for s in input_sets(Sample(tuple(torch.randn(n, generator=g) for _ in range(3)), {}, ""), cache, g)]
+    k = len(sets)
     flush_buffer = bytearray(b"\x01") * (2 * cache)  # ones: untouched zero pages would evict nothing
 
     samples: dict[tuple[str, str], list[float]] = {(m, s): [] for m in ("flush", "rotation") for s in SIDES}

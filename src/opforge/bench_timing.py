@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from opforge.check_values import expanded
 from opforge.spec import Sample
 
 # Stop when the IQR is under 1 % of the median (the stability rule).
@@ -244,7 +245,7 @@ def _rolled_copy(a: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """``a``'s values rolled by a random shift, in new memory with ``a``'s strides
     (a transposed or channels_last input stays one). An expanded tensor, whose
     elements share memory, is returned as it is: a copy could not keep its layout."""
-    if a.numel() < 2 or any(st == 0 and sz > 1 for sz, st in zip(a.shape, a.stride(), strict=True)):
+    if a.numel() < 2 or expanded(a):
         return a
     shift = int(torch.randint(1, a.numel(), (1,), generator=gen, device=gen.device))
     with torch.no_grad():

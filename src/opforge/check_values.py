@@ -179,7 +179,13 @@ def small(sample: Sample, limit: int) -> bool:
     return all(0 < t.numel() <= limit for t in ts)
 
 
+def expanded(t: torch.Tensor) -> bool:
+    """True if elements of ``t`` share memory: a dimension of more than one
+    element with stride 0 (an expanded view)."""
+    return any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape, strict=True))
+
+
 def self_overlapping(sample: Sample) -> bool:
     """True if an input has elements sharing memory (an expanded view):
     gradcheck cannot perturb those one at a time."""
-    return any(st == 0 and sz > 1 for t in tensors(sample.args) for st, sz in zip(t.stride(), t.shape, strict=True))
+    return any(expanded(t) for t in tensors(sample.args))
