@@ -464,3 +464,25 @@ def test_the_cli_says_when_a_beaten_ceiling_is_raised_and_keeps_the_higher_one(t
     report = bench.read_json(tmp_path / "r.json")
     assert report.ceilings["copy_gbps"] == 30.0 and report.notes and report.notes[0].startswith(news)
     assert report.rows[0].pct_of_limit("opforge") == pytest.approx(87, abs=1)  # 26 us at 30 GB/s over 30 us
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_a_ceiling_that_a_result_beats_is_measured_again_and_raised(tmp_path, monkeypatch):
+    # The same path as the CPU's, with the GPU's own measure (CUDA events, 1 GiB copy, 8192^3 matmuls):
+    # a cached copy ceiling of 1 GB/s is beaten by any kernel, measured again and raised.
+    from opforge.spec import get_specs
+
+    monkeypatch.setattr(ceilings, "cache_root", lambda: tmp_path)
+    cuda = torch.device("cuda")
+    name = bench.device_name(cuda)
+    low = ceilings.Ceilings(name, torch.__version__, "2026-11-20T10:00:00+00:00", 1.0, {"float32": 0.1, "float16": 0.1, "bfloat16": 0.1})
+    ceilings.save(low)
+    said: list[str] = []
+    roof = ceilings.roofline(cuda, name, say=said.append)
+    assert roof.ceilings == low  # cached, not busy: used as it is until beaten
+    (square,) = get_specs(["square"])
+    [row] = bench.bench_op(square, cuda, seed=1, dtypes=[torch.float32], only=["2^26"], compile=False, verify=False, ceilings=roof)
+    assert roof.remeasured and len(roof.news) == 1 and said == roof.news, said
+    cached = json.loads(ceilings.cache_path(name).read_text())
+    assert cached["copy_gbps"] > 100 and all(v > 1 for v in cached["matmul_tflops"].values())  # any GPU opforge runs on
+    assert 10 < row.pct_of_limit("opforge") < 150 and row.beyond_limit == {} and row.outliers == {}, (row.pct_of_limit("opforge"), row)
