@@ -5,6 +5,7 @@ from its schema (opforge.derive)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,7 +139,8 @@ def test_bench_of_a_spec_file_times_it_against_eager_and_compiled(tmp_path, seed
     for column in ("opforge us", "eager us", "compiled us"):
         assert any(ch.isdigit() for ch in timed[column]), (column, row)
     for column in ("vs eager", "vs compiled"):
-        assert timed[column].endswith("x"), (column, row)
+        # A ratio built on an outlier time (a loaded machine) carries marks, "0.41x (1) (2)": the notes say why.
+        assert re.sub(r"( \(\d+\))+$", "", timed[column]).endswith("x"), (column, row)
 
 
 def test_a_missing_spec_file_is_a_usage_error(tmp_path, capsys):

@@ -11,6 +11,11 @@ after checking that it is right, and against what the machine can do.
   ``torch.compile`` (if it compiles; if not, the reason is in the row).
 * Limits: achieved GB/s and TFLOP/s from the op's cost model, and the fraction
   of the roofline floor from the machine's measured ceilings (``ceilings.py``).
+* Doubt: a time that beats its floor has the ceilings measured again (once a
+  run, ``ceilings.Roofline``); a time that is an outlier against the cost model
+  (``bench_results.outlier``: far slower than its floor, or widely spread) is
+  timed again; what stays past either is kept, marked, with the reason in the row
+  (``BenchRow.outliers``, ``BenchRow.beyond_limit``) for the tables to say.
 
 This module chooses the cases and runs them; ``bench_timing`` times a call,
 ``bench_results`` holds the rows and reports (and their JSON and CSV files),
@@ -26,13 +31,24 @@ import torch
 
 from opforge.bench_plot import plot
 from opforge.bench_results import CSV_FIELDS as CSV_FIELDS
-from opforge.bench_results import BenchReport, BenchRow, Comparison, compare, compute_bound, new_report, read_json, write_csv, write_json
+from opforge.bench_results import (
+    BenchReport,
+    BenchRow,
+    Comparison,
+    compare,
+    compute_bound,
+    new_report,
+    outlier,
+    read_json,
+    write_csv,
+    write_json,
+)
 from opforge.bench_results import busy_machine as busy_machine
 from opforge.bench_results import cpu_contention as cpu_contention
 from opforge.bench_results import device_name as device_name
 from opforge.bench_timing import TARGET_SPREAD as TARGET_SPREAD
 from opforge.bench_timing import Timer, Timing, input_sets, repeat_until_stable, time_fn, time_interleaved
-from opforge.ceilings import Ceilings
+from opforge.ceilings import Ceilings, Roofline
 from opforge.check import check_bad_inputs, check_reference, generator, run_reference
 from opforge.spec import OpSpec, Sample
 
@@ -130,7 +146,7 @@ def bench_op(
     sweep: bool = False,
     only: Sequence[str] | None = None,
     largest: bool = False,
-    ceilings: Ceilings | None = None,
+    ceilings: Ceilings | Roofline | None = None,
     progress: Callable[[str], None] = lambda _: None,
     verify: bool = True,
     compile_note: str = "not asked (--no-compile)",
@@ -143,7 +159,10 @@ def bench_op(
     caller that has just run them); each case's own output is still checked
     before it is timed.
     ``compile_note``: why there is no torch.compile timing when ``compile`` is
-    False. ``on_row`` is called with each row as soon as it is measured."""
+    False. ``on_row`` is called with each row as soon as it is measured.
+    ``ceilings``: the roofline to divide by; a ``Roofline`` that can measure
+    them again does so when a time beats them."""
+    roof = Roofline(ceilings) if isinstance(ceilings, Ceilings) else ceilings
     if verify:
         progress(f"{spec.name}: verifying")
         verdict = check_reference(spec, device, seed)
@@ -174,8 +193,8 @@ def bench_op(
             cost = spec.cost(*sample.args, **sample.kwargs)
             numel = next(a.numel() for a in sample.args if isinstance(a, torch.Tensor))  # an optional first argument may be None
             row = BenchRow(spec.name, dname, sample.desc, "ok", numel=numel, bytes=cost.bytes, flops=cost.flops)
-            if ceilings:
-                row.floor_us = ceilings.floor_us(cost.bytes, cost.flops, dname)
+            if roof:
+                roof.floor(row)
             sets = input_sets(sample, timer.l2_bytes, gen)
             compiled = _compiled(spec) if compile else None
             impls: dict[str, Callable[..., Any] | None] = {"opforge": spec.function, "eager": spec.reference, "compiled": compiled}
@@ -188,7 +207,15 @@ def bench_op(
                     fn, impl_sets = made[0][0], [m[1] for m in made]
                 if fn is not None:
                     sides[impl] = (fn, impl_sets)
-            timed = time_interleaved(sides, timer, budget_s=budget_s, graph=graph and device.type == "cuda")
+            on_graph = graph and device.type == "cuda"
+            timed = time_interleaved(sides, timer, budget_s=budget_s, graph=on_graph)
+            _check_ceilings(roof, row, timed)
+            # An outlier is timed again (its sides in turns) and the steadier of its two timings kept.
+            again = [n for n, t in timed.items() if isinstance(t, Timing) and outlier(t, row.floor_us)]
+            if again:
+                for name, t in time_interleaved({n: sides[n] for n in again}, timer, budget_s=budget_s, graph=on_graph).items():
+                    timed[name] = _steadier(timed[name], t, row.floor_us)
+                _check_ceilings(roof, row, timed)
             del sides
             for impl in impls:  # in this order in the row: opforge, eager, compiled, the spec's baselines
                 result = timed.get(impl)
@@ -202,10 +229,46 @@ def bench_op(
                     row.notes[impl] = f"{type(result).__name__}: {text.splitlines()[0][:160] if text else ''}"
                 else:
                     row.timings[impl] = result
+            _doubt(row, roof, timed_twice=again)
             rows.append(row)
             on_row(row)
             del sets
     return rows
+
+
+def _check_ceilings(roof: Roofline | None, row: BenchRow, timed: dict[str, Timing | Exception]) -> None:
+    """Measure the ceilings again if a side of ``row`` beat its floor."""
+    times = {n: t.median_us for n, t in timed.items() if isinstance(t, Timing) and t.median_us > 0}
+    if not roof or not row.floor_us or not times:
+        return
+    fastest = min(times, key=times.__getitem__)
+    if times[fastest] < row.floor_us:
+        pct = 100 * row.floor_us / times[fastest]
+        roof.beaten(f"{row.op} {row.dtype} {row.case} ({fastest}, {pct:,.0f} % of limit)")
+
+
+def _steadier(first: Timing | Exception, second: Timing | Exception, floor_us: float | None) -> Timing | Exception:
+    """Of an outlier's two timings, the second if it is no outlier, else the
+    faster: a time slice lengthens a call, nothing shortens one."""
+    if not isinstance(first, Timing) or not isinstance(second, Timing):
+        return first
+    if outlier(second, floor_us) is None:
+        return second
+    return min(first, second, key=lambda t: t.median_us)
+
+
+def _doubt(row: BenchRow, roof: Roofline | None, *, timed_twice: Sequence[str]) -> None:
+    """Record in ``row`` why a time is an outlier against its cost model, and why a
+    % of limit is past what the machine allows: the figures to mark."""
+    for impl, t in row.timings.items():
+        if t is None:
+            continue
+        why = outlier(t, row.floor_us)
+        if why:
+            row.outliers[impl] = f"{impl} {'in both of two timings' if impl in timed_twice else 'timed once'}: {why}"
+        beyond = roof.beyond(row, impl, t.median_us) if roof else None
+        if beyond:
+            row.beyond_limit[impl] = beyond
 
 
 __all__ = [

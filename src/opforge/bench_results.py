@@ -20,6 +20,35 @@ from opforge.bench_timing import Timing
 from opforge.ceilings import Ceilings
 from opforge.machine import cpu_name
 
+# A time is an outlier against its case's cost model, and is timed again, when it
+# takes more than OUTLIER_FACTOR times the case's roofline floor plus
+# OUTLIER_SLACK_US (what the calls around a kernel cost: a small case is all
+# call), or when its inter-quartile range passes OUTLIER_SPREAD of its median.
+# On a loaded 2-core VM eager `a * b` at 2^16 elements took 8 ms, over 200x its
+# floor there (its 786 KB at the machine's copy rate), at an IQR under 1 %: the
+# scheduler's time slice, not the kernel, and a "166x vs eager" no one would
+# believe. The committed H200 results stay well inside: eager of a fused op (two
+# or three kernels for one) at 2.6x its floor, 2^12 cases (all call) at 8 us. A
+# reference that does far more than the operator (qqq_gemm's dequantises the
+# whole weight before its matmul: 355x) passes it, and is marked, as it should
+# be: a ratio against it says little about the kernel.
+OUTLIER_FACTOR = 50.0
+OUTLIER_SLACK_US = 20.0
+OUTLIER_SPREAD = 0.5
+
+
+def outlier(t: Timing, floor_us: float | None) -> str | None:
+    """Why ``t`` is an outlier against its case's cost model (``floor_us``: the
+    roofline floor, None if unknown), in words; None if it is not."""
+    if t.spread > OUTLIER_SPREAD:
+        return f"its timings spread over {100 * t.spread:,.0f} % of their median (the inter-quartile range): other work moved them"
+    if floor_us and t.median_us > OUTLIER_FACTOR * (floor_us + OUTLIER_SLACK_US):
+        return (
+            f"{t.median_us:,.0f} us is {t.median_us / floor_us:,.0f}x the {floor_us:,.3g} us its cost model needs at the machine's limits: "
+            "it does far more than the cost model counts, or other work on the machine held up its calls"
+        )
+    return None
+
 
 @dataclass
 class BenchRow:
@@ -33,6 +62,12 @@ class BenchRow:
     timings: dict[str, Timing | None] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # impl -> why it has no timing
     floor_us: float | None = None
+    # impl -> why its time is an outlier against the case's cost model (``outlier``), timed twice:
+    # every ratio built on it is marked with this.
+    outliers: dict[str, str] = field(default_factory=dict)
+    # impl -> why its % of limit is past what the machine's limits allow (``Roofline.beyond``):
+    # that figure is marked with this.
+    beyond_limit: dict[str, str] = field(default_factory=dict)
 
     def median(self, impl: str) -> float | None:
         t = self.timings.get(impl)
@@ -72,6 +107,8 @@ class BenchReport:
     rows: list[BenchRow] = field(default_factory=list)
     # Why the timings may not be the machine's (a busy CPU), said before them.
     warnings: list[str] = field(default_factory=list)
+    # What the run changed that a reader should know: ceilings measured again and raised.
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -164,7 +201,7 @@ def new_report(device: torch.device, *, graph: bool = False, ceilings: Ceilings 
 
 
 CSV_FIELDS = ("op", "dtype", "case", "impl", "status", "numel", "bytes", "flops", "median_us", "p25_us", "p75_us", "reps", "stop",
-              "gbps", "tflops", "pct_of_limit", "note")  # fmt: skip
+              "gbps", "tflops", "pct_of_limit", "note", "doubt")  # fmt: skip
 
 
 def write_json(report: BenchReport, path: Path) -> None:
@@ -189,6 +226,7 @@ def write_csv(report: BenchReport, path: Path) -> None:
                     "p75_us": t.p75_us if t else "", "reps": t.reps if t else "", "stop": t.stop if t else "",
                     "gbps": r.gbps(impl) or "", "tflops": r.tflops(impl) or "", "pct_of_limit": r.pct_of_limit(impl) or "",
                     "note": r.notes.get(impl, ""),
+                    "doubt": "; ".join(d[impl] for d in (r.outliers, r.beyond_limit) if impl in d),
                 })  # fmt: skip
 
 

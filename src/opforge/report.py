@@ -81,6 +81,39 @@ def fmt_x(x: float | None) -> str:
     return f"[{colour}]{x:.2f}x[/]"
 
 
+class Footnotes:
+    """Numbered notes under a table, saying why a figure marked with one is not
+    to be taken as it stands (an outlier time, a % of limit past the machine's)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def mark(self, cell: str, row: BenchRow, *reasons: str | None) -> str:
+        """``cell`` with a mark per reason given (None: none), each note naming the row's case."""
+        for reason in reasons:
+            if reason:
+                text = f"{row.op} {row.dtype} {row.case}, {reason}"
+                if text not in self.texts:
+                    self.texts.append(text)
+                cell += f" [yellow]({self.texts.index(text) + 1})[/]"
+        return cell
+
+    def lines(self) -> list[str]:
+        return [f"({i}) {escape(t)}" for i, t in enumerate(self.texts, 1)]
+
+
+def vs_cell(row: BenchRow, baseline: str, notes: Footnotes) -> str:
+    """opforge's speedup over ``baseline``, marked where either time is an outlier."""
+    x = row.speedup(baseline)
+    return notes.mark(fmt_x(x), row, row.outliers.get("opforge"), row.outliers.get(baseline)) if x is not None else fmt_x(x)
+
+
+def limit_cell(row: BenchRow, notes: Footnotes) -> str:
+    """opforge's % of limit, marked where it is past what the machine's limits allow."""
+    pct = row.pct_of_limit("opforge")
+    return notes.mark(f"{pct:.0f}%", row, row.beyond_limit.get("opforge")) if pct is not None else "-"
+
+
 def fmt_tflops(row: BenchRow) -> str:
     """opforge's TFLOP/s / eager's, for rows that compute more than they move
     (a matmul: more than one FLOP per byte); "-" for streaming ops, whose
@@ -119,6 +152,9 @@ def row_line(row: BenchRow, seconds: float) -> str:
     pct = row.pct_of_limit("opforge")
     if pct is not None:
         parts.append(f"{pct:.0f}% of limit")
+    doubted = [f"{impl}'s time" for impl in row.outliers] + (["% of limit"] if "opforge" in row.beyond_limit else [])
+    if doubted:
+        parts.append(f"[yellow]not to be taken as it stands: {', '.join(doubted)} (the table's notes say why)[/]")
     return f"{head} {', '.join(parts)} ({seconds:.1f} s)"
 
 
@@ -142,26 +178,25 @@ def bench_table(report: BenchReport) -> Table:
     cols += [*(f"vs {b}" for b in extra), "GB/s", "TFLOP/s", "% of limit"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("operator", "dtype", "size") else "right")
+    notes = Footnotes()
     for r in report.rows:
         if r.status != "ok":
             table.add_row(r.op, r.dtype, r.case, f"[red]{escape(r.status)}[/]", *[""] * (len(cols) - 4))
             continue
-        pct = r.pct_of_limit("opforge")
+        times = [notes.mark(fmt_us(r.timings.get(i)), r, r.outliers.get(i)) for i in ("opforge", "eager", "compiled", *extra)]
         table.add_row(
             r.op,
             r.dtype,
             r.case,
-            fmt_us(r.timings.get("opforge")),
-            fmt_us(r.timings.get("eager")),
-            fmt_us(r.timings.get("compiled")),
-            *(fmt_us(r.timings.get(b)) for b in extra),
-            fmt_x(r.speedup("eager")),
-            fmt_x(r.speedup("compiled")),
-            *(fmt_x(r.speedup(b)) for b in extra),
+            *times,
+            *(vs_cell(r, b, notes) for b in ("eager", "compiled", *extra)),
             f"{r.gbps('opforge'):,.0f}",
             fmt_tflops(r),
-            f"{pct:.0f}%" if pct is not None else "-",
+            limit_cell(r, notes),
         )
+    if notes.texts:
+        table.caption = "\n".join(notes.lines())
+        table.caption_justify = "left"
     return table
 
 
@@ -211,6 +246,7 @@ def summary_table(report: BenchReport, ops: Sequence[SummaryOp]) -> Table:
     for col in cols:
         table.add_column(col, justify="left" if col in ("operator", "check", "dtype", "case") else "right")
     cpu_skipped = False
+    marks = Footnotes()
     for op in ops:
         verdict = check_verdict(op.checks)
         if not op.rows:
@@ -222,15 +258,14 @@ def summary_table(report: BenchReport, ops: Sequence[SummaryOp]) -> Table:
                 continue
             compiled = r.speedup("compiled")
             if compiled is not None:
-                vs_compiled = fmt_x(compiled)
+                vs_compiled = vs_cell(r, "compiled", marks)
             elif r.notes.get("compiled") == COMPILE_NOT_ON_CPU:
                 vs_compiled, cpu_skipped = "[dim]not run[/]", True
             else:
                 vs_compiled = "[dim]not run[/]" if r.notes.get("compiled", "").startswith("not asked") else "[yellow]failed[/]"
-            pct = r.pct_of_limit("opforge")
+            ours = marks.mark(fmt_us(r.timings.get("opforge")), r, r.outliers.get("opforge"))
             table.add_row(
-                name, cell, r.dtype, escape(r.case), fmt_us(r.timings.get("opforge")), fmt_x(r.speedup("eager")), vs_compiled,
-                f"{pct:.0f}%" if pct is not None else "-",
+                name, cell, r.dtype, escape(r.case), ours, vs_cell(r, "eager", marks), vs_compiled, limit_cell(r, marks),
             )  # fmt: skip
     notes = [
         "medians per call, ± the inter-quartile range (~: stopped by --budget before it fell under 1 %); "
@@ -238,6 +273,7 @@ def summary_table(report: BenchReport, ops: Sequence[SummaryOp]) -> Table:
     ]
     if cpu_skipped:
         notes.append(f"torch.compile: {COMPILE_NOT_ON_CPU} (inductor compiles C++ for each case, 10-30 s apiece)")
+    notes += marks.lines()
     table.caption = "\n".join(notes)
     table.caption_justify = "left"
     return table
@@ -245,6 +281,7 @@ def summary_table(report: BenchReport, ops: Sequence[SummaryOp]) -> Table:
 
 __all__ = [
     "COMPILE_NOT_ON_CPU",
+    "Footnotes",
     "Steps",
     "SummaryOp",
     "bench_table",
@@ -255,7 +292,9 @@ __all__ = [
     "fmt_tflops",
     "fmt_us",
     "fmt_x",
+    "limit_cell",
     "row_line",
     "summary_table",
+    "vs_cell",
     "worst_table",
 ]

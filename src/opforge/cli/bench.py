@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,15 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
     name = bench.device_name(device)
     if opts.remeasure or not ceilings.cache_path(name).is_file():
         err.print(f"measuring the machine's ceilings (once per machine; cached in {ceilings.cache_path(name)})", highlight=False)
-    ceil = ceilings.load_or_measure(device, name, remeasure=opts.remeasure)
-    report = bench.new_report(device, graph=opts.graph, ceilings=ceil)
+
+    def busy() -> str | None:  # a ceiling measured on a busy CPU is recorded as such, and measured again when it is idle
+        return bench.cpu_contention() if device.type == "cpu" else None
+
+    def say(text: str) -> None:
+        err.print(f"[yellow]{escape(text)}[/]", highlight=False)
+
+    roof = ceilings.roofline(device, name, remeasure=opts.remeasure, busy=busy, say=say)
+    report = bench.new_report(device, graph=opts.graph, ceilings=roof.ceilings)
     for warning in report.warnings:
         err.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False)
     if opts.cases:
@@ -81,9 +88,12 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
 
             report.rows += bench.bench_op(
                 spec, device, seed=seed, dtypes=dtypes, budget_s=opts.budget, graph=opts.graph, compile=compile_, sweep=opts.sweep,
-                only=opts.cases, largest=opts.largest, ceilings=ceil, progress=steps.doing, verify=spec.qualname not in verified,
+                only=opts.cases, largest=opts.largest, ceilings=roof, progress=steps.doing, verify=spec.qualname not in verified,
                 compile_note=compile_note, on_row=on_row,
             )  # fmt: skip
+    # The ceilings every row was floored against: measured again during the run if a result beat them.
+    report.ceilings = asdict(roof.ceilings)
+    report.notes += roof.news
     return report
 
 
@@ -106,13 +116,15 @@ def write_outputs(report: Any, opts: BenchOptions) -> bool:
 
 
 def print_notes(report: Any) -> None:
-    """Why a baseline has no timing, once per op, where it is not simply left out; then
-    the report's warnings (a busy CPU)."""
+    """Why a baseline has no timing, once per op, where it is not simply left out; what
+    the run changed (ceilings measured again); then the report's warnings (a busy CPU)."""
     from opforge.report import COMPILE_NOT_ON_CPU
 
     notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items() if note != COMPILE_NOT_ON_CPU}
     for op, impl, note in sorted(notes):
         out.print(f"[yellow]{op}: no {impl} timing: {escape(note)}[/]", highlight=False)
+    for note in report.notes:
+        out.print(f"[yellow]{escape(note)}[/]", highlight=False)
     for warning in report.warnings:
         out.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False)
 
@@ -126,7 +138,8 @@ def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: Be
     out.print(
         "medians per call, ± the inter-quartile range (~: stopped by --budget before it fell under 1 %); "
         "GB/s and TFLOP/s (opforge / eager, for ops of more than one FLOP per byte) from the op's cost model; "
-        "% of limit = roofline floor (measured copy and matmul ceilings) / time"
+        "% of limit = roofline floor (measured copy and matmul ceilings) / time; (N): a figure not to take as it stands, "
+        "the note under the table says why"
     )
     print_notes(report)
     ok = all(r.status == "ok" for r in report.rows)
