@@ -442,3 +442,44 @@ def test_second_torch_library_of_a_namespace_is_refused_not_aborted(tmp_path, mo
     assert refused.startswith(f"refused: opforge: refusing to load {second}: it registers opforge_edge_twice::twice"), refused
     assert f"operator namespace 'opforge_edge_twice'), which {first} already registered" in refused
     assert "OPFORGE_LIBRARY" not in refused, "the variable names opforge's own library only"
+
+
+def test_torch_ops_load_library_of_a_second_copy_registers_nothing(tmp_path):
+    """The CMake tutorial's flow: `import opforge`, then torch.ops.load_library of a
+    build of the same operators. Its registrations would end the process from a
+    static initialiser; the library catches that, says so once and registers nothing."""
+    copy = _copy_of_the_op_library(tmp_path)
+    code = (
+        "import sys, torch, opforge\n"
+        "torch.ops.load_library(sys.argv[1])\n"
+        "print(opforge.add(torch.ones(2), torch.ones(2)).tolist(), torch.ops.opforge.square(torch.full((1,), 3.0)).tolist())\n"
+    )
+    res = _python(code, str(copy), env={"OPFORGE_LIBRARY": "auto"})
+    assert res.returncode == 0, f"rc {res.returncode}: {res.stderr[-2000:]}"
+    assert res.stdout.strip() == "[2.0, 2.0] [9.0]", res.stdout
+    said = [line for line in res.stderr.splitlines() if "registers nothing" in line]
+    assert len(said) == 1, res.stderr
+    assert said[0].startswith(f"opforge: {copy} registers nothing: its operators in namespace 'opforge' are defined already"), said
+
+
+@pytest.mark.parametrize("kept", [0.5, 0.999])
+def test_truncated_library_is_refused_before_it_is_mapped(tmp_path, kept):
+    """A library cut short would be mapped and the process killed by SIGBUS on
+    the first page past its end: it is refused first, with its sizes."""
+    from .conftest import LIBRARY
+
+    data = LIBRARY.path.read_bytes()
+    cut = tmp_path / "libopforge_ops.so"
+    cut.write_bytes(data[: int(len(data) * kept)])
+    res = _python("import opforge", env={"OPFORGE_LIBRARY": str(cut)})
+    assert res.returncode == 1, f"rc {res.returncode}: {res.stderr[-2000:]}"
+    last = res.stderr.strip().splitlines()[-1]
+    assert f"cannot load {cut}: {cut} is truncated: it ends at byte {cut.stat().st_size:,}, and its contents reach byte" in last, last
+
+
+def test_complete_library_passes_the_truncation_check():
+    from opforge.elf_symbols import check_complete
+
+    from .conftest import LIBRARY
+
+    check_complete(LIBRARY.path)

@@ -447,3 +447,18 @@ def test_cuda_runs_on_the_current_stream_and_graphs(M):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qqq_linear_gradient_to_its_input_raises(device):
+    """The int8 quantisation cuts the input off the graph: a backward must not
+    give x a gradient with the W4A8 term silently left out, but raise as a
+    gradient through qqq_gemm does, naming it."""
+    layer = opforge.nn.QQQLinear.from_linear(torch.nn.Linear(64, 32).to(device))
+    x = torch.randn(3, 64, device=device, requires_grad=True)
+    loss = layer(x).float().sum() + (x * x).sum()
+    with pytest.raises(RuntimeError, match=r"opforge::qqq_gemm: has no derivative .*opforge.nn.QQQLinear"):
+        loss.backward()
+    assert not layer(x.detach()).requires_grad
+    with torch.no_grad():
+        assert not layer(x).requires_grad

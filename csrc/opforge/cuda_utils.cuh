@@ -58,6 +58,13 @@ __device__ __forceinline__ float ex2_approx(float v) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
   return r;
 }
+// ex2_approx without .ftz: subnormal results kept (bfloat16 has float32's
+// exponent range, so its sigmoid is subnormal for x < -87.3).
+__device__ __forceinline__ float ex2_approx_subnormal(float v) {
+  float r;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
 __device__ __forceinline__ float rcp_approx(float v) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));

@@ -99,13 +99,19 @@ def _library(namespace: str) -> torch.library.Library:
     return library
 
 
+def no_derivative_error(spec: OpSpec, where: str = "") -> RuntimeError:
+    """What a gradient through an operator without a derivative raises: the
+    operator, why it has none, and (``where``) what the gradient went through."""
+    why = f" ({spec.no_derivative})" if spec.no_derivative else ""
+    return RuntimeError(
+        f"{spec.qualname}: has no derivative{why}; a gradient was asked for through it "
+        f"({where or 'backward or torch.autograd.grad reached one of its outputs'})"
+    )
+
+
 def _no_derivative(spec: OpSpec) -> Callable[..., Any]:
     def backward(ctx: Any, *grads: Any) -> Any:
-        why = f" ({spec.no_derivative})" if spec.no_derivative else ""
-        raise RuntimeError(
-            f"{spec.qualname}: has no derivative{why}; a gradient was asked for through it "
-            "(backward or torch.autograd.grad reached one of its outputs)"
-        )
+        raise no_derivative_error(spec)
 
     return backward
 

@@ -106,6 +106,42 @@ def _section_headers(f: BinaryIO, path: Path) -> tuple[_Layout, list[tuple[int, 
     return elf, sections
 
 
+_PT_LOAD = 1
+_SHT_NOBITS = 8
+
+
+def check_complete(path: Path) -> None:
+    """Raises ElfError unless every part of ``path`` that the loader maps or
+    reads lies inside the file: a truncated library (a copy cut short, a
+    disk that filled up) would otherwise be mapped, and the process killed by
+    SIGBUS on the first touch of a page past its end."""
+    if not is_elf(path):
+        raise ElfError(f"{path} is not an ELF file")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        ident = f.read(16)
+        if len(ident) < 16 or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+            raise ElfError(f"{path} is not a readable ELF file (its header is cut short or damaged)")
+        elf = _Layout("<" if ident[5] == 1 else ">", ident[4] == 2)
+        header = elf.unpack(f, "HHIQQQIHHHHHH" if elf.wide else "HHIIIIIHHHHHH", 16)
+        phoff, shoff, phentsize, phnum, shentsize, shnum = header[4], header[5], header[8], header[9], header[10], header[11]
+        ph_fmt = "IIQQQQQQ" if elf.wide else "IIIIIIII"
+        reach = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+        if reach <= size:
+            for i in range(phnum):
+                ph = elf.unpack(f, ph_fmt, phoff + i * phentsize)
+                kind, offset, filesz = ph[0], (ph[2] if elf.wide else ph[1]), (ph[5] if elf.wide else ph[4])
+                if kind == _PT_LOAD:
+                    reach = max(reach, offset + filesz)
+        if reach <= size and shoff:
+            f.seek(0)
+            for s_type, s_offset, s_size, _, _ in _section_headers(f, path)[1]:
+                if s_type != _SHT_NOBITS:
+                    reach = max(reach, s_offset + s_size)
+    if reach > size:
+        raise ElfError(f"{path} is truncated: it ends at byte {size:,}, and its contents reach byte {reach:,}")
+
+
 def symbol_table_names(path: Path) -> tuple[str, ...] | None:
     """Every name in the full symbol table (``.symtab``), the file-local
     (``static``) symbols included, which ``.dynsym`` leaves out; None when the
@@ -187,4 +223,4 @@ def demangle(names: list[str]) -> dict[str, str]:
     return dict(zip(names, lines, strict=True))
 
 
-__all__ = ["ELF_MAGIC", "DynamicSymbols", "ElfError", "demangle", "is_elf", "read_dynamic_symbols", "symbol_table_names"]
+__all__ = ["ELF_MAGIC", "DynamicSymbols", "ElfError", "check_complete", "demangle", "is_elf", "read_dynamic_symbols", "symbol_table_names"]

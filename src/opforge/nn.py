@@ -4,11 +4,14 @@ hand with ``torch.autograd.Function``; here autograd comes from the op's spec.""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
+from opforge.autograd import no_derivative_error
 from opforge.quant import quantize_act_int8, quantize_weight_w4
+from opforge.spec import get_specs
 
 
 class Add(nn.Module):
@@ -73,6 +76,23 @@ class LLTM(nn.Module):
         return f"input_features={self.input_features}, state_size={self.state_size}"
 
 
+class _NoDerivative(torch.autograd.Function):
+    """The W4A8 layer's output, tied to its input in the graph: the int8
+    quantisation cuts the input off, and a backward would otherwise give x a
+    gradient with the layer's term silently left out. A gradient through it
+    raises, as one through qqq_gemm does."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        raise no_derivative_error(
+            get_specs(["qqq_gemm"])[0], "the input of opforge.nn.QQQLinear requires grad, and backward reached the layer's output"
+        )
+
+
 class QQQLinear(nn.Module):
     """A W4A8 linear layer on ``opforge::qqq_gemm`` (the QQQ method):
     int4 weights packed for the kernel, activations quantised to int8 per token
@@ -80,7 +100,8 @@ class QQQLinear(nn.Module):
 
     ``QQQLinear.from_linear(linear, group_size=-1 | 128)`` quantises an
     ``nn.Linear`` (``opforge.quant.quantize_weight_w4``); ``in_features`` and
-    ``out_features`` must be multiples of 32. Inference only: no gradients.
+    ``out_features`` must be multiples of 32. Inference only: a gradient through
+    the layer to an input that requires grad raises an error naming qqq_gemm.
     A cast of the layer (``.half()``, ``.to(torch.bfloat16)``) sets its output
     dtype; a token holding NaN or Inf gives NaN outputs in its row.
     """
@@ -154,6 +175,8 @@ class QQQLinear(nn.Module):
             raise ValueError(f"QQQLinear: input must have {self.in_features} features in its last dimension, got shape {list(x.shape)}")
         a, s_tok = quantize_act_int8(x)
         out = torch.ops.opforge.qqq_gemm(a, self.w_packed, s_tok, self.s_ch, self.s_group, self.group_size, self.out_dtype)
+        if x.requires_grad and torch.is_grad_enabled():
+            out = _NoDerivative.apply(x, out)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -28,6 +28,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <optional>
 #include <sstream>
@@ -36,9 +37,7 @@
 #include <utility>
 #include <vector>
 
-#ifdef OPFORGE_WITH_CUDA
 #include <dlfcn.h>
-#endif
 
 #include "opforge/dtype.h"
 
@@ -379,6 +378,75 @@ void run_kernel(const char* op, const Tensor& out, Launch&& launch, CpuLoop&& cp
 
 }  // namespace opforge
 
+namespace opforge::detail {
+
+// Whether this copy of the library found its operators defined already: a
+// second copy of the file loaded into one process (torch.ops.load_library of a
+// CMake build after `import opforge`). Its registrations then stop, and the
+// copy registers nothing: the operators keep the first copy's kernels.
+inline bool& registration_refused() {
+  static bool refused = false;
+  return refused;
+}
+
+// The file this code was loaded from, for the message.
+inline const char* this_library() {
+  Dl_info info{};
+  return dladdr(reinterpret_cast<void*>(&registration_refused), &info) != 0 && info.dli_fname != nullptr
+             ? info.dli_fname
+             : "the op library";
+}
+
+// STABLE_TORCH_LIBRARY_FRAGMENT / _IMPL's static initialiser, whose error
+// would escape a static constructor and end the process (std::terminate):
+// here it is caught, said once on stderr, and every later registration of
+// this copy is skipped.
+class GuardedLibraryInit final {
+ public:
+  using Lib = torch::stable::detail::StableLibrary;
+  GuardedLibraryInit(Lib::Kind kind, void (*fn)(Lib&), const char* ns, const char* k, const char* file,
+                     uint32_t line) {
+    if (registration_refused()) {
+      return;
+    }
+    try {
+      lib_.emplace(kind, ns, k, file, line);
+      fn(*lib_);
+    } catch (const std::exception& e) {
+      lib_.reset();  // undoes what this block registered before the error
+      registration_refused() = true;
+      std::string why = e.what();
+      why = why.substr(0, why.find('\n'));
+      std::fprintf(stderr,
+                   "opforge: %s registers nothing: its operators in namespace '%s' are defined already, most "
+                   "likely by another copy of the op library loaded first (import opforge loads one; load one "
+                   "copy per process, or set OPFORGE_LIBRARY to this file before import opforge). The error: %s\n",
+                   this_library(), ns, why.c_str());
+    }
+  }
+
+ private:
+  std::optional<Lib> lib_;
+};
+
+}  // namespace opforge::detail
+
+// STABLE_TORCH_LIBRARY_FRAGMENT / STABLE_TORCH_LIBRARY_IMPL through
+// GuardedLibraryInit; the static objects keep the stable macros' names, which
+// opforge.builder.registrations reads from the symbol table before a load.
+#define OPFORGE_GUARDED_INIT(prefix, kind, ns, k, m, uid)                                                    \
+  static void C10_CONCATENATE(prefix##_init_##ns##_, uid)(torch::stable::detail::StableLibrary&);           \
+  static const opforge::detail::GuardedLibraryInit C10_CONCATENATE(prefix##_static_init_##ns##_, uid)(     \
+      torch::stable::detail::StableLibrary::Kind::kind, &C10_CONCATENATE(prefix##_init_##ns##_, uid), #ns, \
+      k, __FILE__, __LINE__);                                                                               \
+  void C10_CONCATENATE(prefix##_init_##ns##_, uid)(torch::stable::detail::StableLibrary & m)
+
+// The library's operator definitions: STABLE_TORCH_LIBRARY_FRAGMENT, guarded.
+#define OPFORGE_LIBRARY_FRAGMENT(ns, m) \
+  OPFORGE_GUARDED_INIT(STABLE_TORCH_LIBRARY_FRAGMENT, FRAGMENT, ns, nullptr, m, C10_UID)
+#define OPFORGE_LIBRARY_IMPL(ns, k, m) \
+  OPFORGE_GUARDED_INIT(STABLE_TORCH_LIBRARY_IMPL, IMPL, ns, #k, m, C10_CONCATENATE(k##_, C10_UID))
+
 // Registers one device-agnostic wrapper set, `register_fn(opforge::Library&)`,
 // for the CPU and (in a CUDA build) the CUDA dispatch keys, so an operator
 // writes its registrations once. An operator that writes an argument gets its
@@ -386,10 +454,10 @@ void run_kernel(const char* op, const Tensor& out, Launch&& launch, CpuLoop&& cp
 // module's C++ one, else a Python one), as the stable ABI does not reach
 // autograd's state.
 #ifdef OPFORGE_WITH_CUDA
-#define OPFORGE_REGISTER_KERNELS(ns, register_fn)     \
-  STABLE_TORCH_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); } \
-  STABLE_TORCH_LIBRARY_IMPL(ns, CUDA, m) { register_fn(m); }
+#define OPFORGE_REGISTER_KERNELS(ns, register_fn)           \
+  OPFORGE_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); } \
+  OPFORGE_LIBRARY_IMPL(ns, CUDA, m) { register_fn(m); }
 #else
 #define OPFORGE_REGISTER_KERNELS(ns, register_fn) \
-  STABLE_TORCH_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); }
+  OPFORGE_LIBRARY_IMPL(ns, CPU, m) { register_fn(m); }
 #endif

@@ -272,14 +272,16 @@ void for_each_element(const Op& op, int64_t n, const std::array<const T*, Op::kI
 #ifdef OPFORGE_X86_AVX2
 // exp(x) for 8 floats, at most 1.01 ulp from exp over [-87, 88] (2^27
 // points): x = n ln2 + r with ln2 split in two so r is exact to float
-// precision, |r| <= ln2/2, e^r by Cephes' degree-7 polynomial, 2^n put into
-// the exponent bits. x is clamped to [-87, 88], where n stays a normal
-// exponent: outside it the result saturates at e^-87 = 1.6e-38 and e^88 =
-// 1.7e38 (callers that need 0 and inf there say so). NaN passes through
-// (min/max return their second operand when one is NaN).
+// precision, |r| <= ln2/2, e^r by Cephes' degree-7 polynomial, times 2^n.
+// 2^n is applied as two factors 2^(n/2) and 2^(n - n/2), each a normal
+// float, so that the whole range works: subnormal results below e^-87.3
+// (rounded once, at the second product) down to 0 below e^-103.9, and inf
+// above e^88.72. x is clamped to [-104, 89], past which the result is
+// already 0 or inf. NaN passes through (min/max return their second operand
+// when one is NaN).
 OPFORGE_AVX2 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
-  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
+  x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);
+  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -292,19 +294,23 @@ OPFORGE_AVX2 inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
   p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  const __m256i e = _mm256_slli_epi32(biased, 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 e2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, e1), e2);
 }
 
-// 1 / (1 + exp(-x)) with an exact division, 0 below -ln(FLT_MAX) where
-// exp(-x) overflows (as torch's sigmoid is; exp8 would saturate there and
-// leave 6e-39).
+// 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) for x < 0, each with one
+// exact division: e = e^-|x| never overflows, and for x < -87.3 the result
+// is e^x itself, a subnormal that the quotient keeps (1 / (1 + e^-x) would
+// overflow e^-x below -88.72 and give 0 instead).
 OPFORGE_AVX2 inline __m256 sigmoid8(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-88.72283935546875f), _CMP_LT_OQ);
-  return _mm256_andnot_ps(underflow, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+  const __m256 e = exp8(_mm256_or_ps(x, _mm256_set1_ps(-0.0f)));
+  // blendv takes e where x's sign bit is set (x < 0, and -0, where e = 1 gives 0.5 either way).
+  return _mm256_div_ps(_mm256_blendv_ps(one, e, x), _mm256_add_ps(one, e));
 }
 
 // exp(x) - 1 without the cancellation near 0 that the subtraction would
@@ -345,8 +351,8 @@ OPFORGE_AVX2 inline __m256 tanh8(__m256 x) {
 
 // exp8, 16 lanes: the same steps, so the same bits.
 OPFORGE_AVX512 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
-  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -359,17 +365,21 @@ OPFORGE_AVX512 inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
   p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-  const __m512i biased = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-  const __m512i e = _mm512_slli_epi32(biased, 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  const __m512i ni = _mm512_cvtps_epi32(n);
+  const __m512i half = _mm512_srai_epi32(ni, 1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, bias), 23));
+  const __m512 e2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), bias), 23));
+  return _mm512_mul_ps(_mm512_mul_ps(p, e1), e2);
 }
 
 // sigmoid8, 16 lanes.
 OPFORGE_AVX512 inline __m512 sigmoid16(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-88.72283935546875f), _CMP_LT_OQ);
-  return _mm512_mask_blend_ps(underflow, _mm512_div_ps(one, _mm512_add_ps(one, e)), _mm512_setzero_ps());
+  const __m512 neg = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+  const __m512 e = exp16(neg);
+  const __mmask16 sign = _mm512_movepi32_mask(_mm512_castps_si512(x));
+  return _mm512_div_ps(_mm512_mask_blend_ps(sign, one, e), _mm512_add_ps(one, e));
 }
 #endif
 

@@ -78,7 +78,7 @@ void register_add_kernels(Library& m) {
 }  // namespace
 }  // namespace opforge
 
-STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
+OPFORGE_LIBRARY_FRAGMENT(opforge, m) {
   m.def("add(Tensor a, Tensor b) -> Tensor");
   m.def("add_out(Tensor a, Tensor b, Tensor(a!) out) -> ()");
 }

@@ -120,7 +120,7 @@ void register_axpby_kernels(Library& m) {
 }  // namespace
 }  // namespace opforge
 
-STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
+OPFORGE_LIBRARY_FRAGMENT(opforge, m) {
   m.def("axpby(Tensor x, Tensor y, float alpha=3.0, float beta=-1.0) -> Tensor");
   m.def("axpby_backward(Tensor grad, float alpha, float beta) -> (Tensor, Tensor)");
 }

@@ -517,6 +517,6 @@ void register_gemm_kernels(Library& m) { m.impl("gemm", TORCH_BOX(&gemm)); }
 }  // namespace
 }  // namespace opforge
 
-STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("gemm(Tensor a, Tensor b) -> Tensor"); }
+OPFORGE_LIBRARY_FRAGMENT(opforge, m) { m.def("gemm(Tensor a, Tensor b) -> Tensor"); }
 
 OPFORGE_REGISTER_KERNELS(opforge, opforge::register_gemm_kernels)

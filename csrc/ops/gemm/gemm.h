@@ -1,6 +1,6 @@
 #pragma once
 // The GEMM as a C++ function: the checks, the output and the CPU or CUDA
-// kernel. The opforge::gemm operator (gemm.cpp's STABLE_TORCH_LIBRARY_FRAGMENT)
+// kernel. The opforge::gemm operator (gemm.cpp's OPFORGE_LIBRARY_FRAGMENT)
 // runs it for the CPU and CUDA dispatch keys; other C++ may call it directly,
 // without the dispatcher, and so without autograd. It takes and returns
 // torch::stable::Tensor: the library is built on the stable ABI.

@@ -304,7 +304,7 @@ void register_lltm_kernels(Library& m) {
 }  // namespace
 }  // namespace opforge
 
-STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
+OPFORGE_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
       "lltm_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell) "
       "-> (Tensor new_h, Tensor new_cell, Tensor gates)");

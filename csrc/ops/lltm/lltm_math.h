@@ -25,11 +25,16 @@ OPFORGE_LLTM_HD float expm1_u(float x) { return ::expm1f(x); }
 OPFORGE_LLTM_HD double expm1_u(double x) { return ::expm1(x); }
 OPFORGE_LLTM_HD float tanh_u(float x) { return ::tanhf(x); }
 OPFORGE_LLTM_HD double tanh_u(double x) { return ::tanh(x); }
+OPFORGE_LLTM_HD float abs_u(float x) { return ::fabsf(x); }
+OPFORGE_LLTM_HD double abs_u(double x) { return ::fabs(x); }
 
+// 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) for x < 0: e^-|x| never
+// overflows, and far below 0 the result is e^x itself, subnormal in float
+// below -87.3 (1 / (1 + e^-x) would give 0 once e^-x overflows, below -88.72).
 template <typename U>
 OPFORGE_LLTM_HD U sigmoid(U x) {
-  // exp(-x) overflows to inf for x < -88 (float): 1 / inf = 0, the right limit.
-  return U(1) / (U(1) + exp_u(-x));
+  const U e = exp_u(-abs_u(x));
+  return (x < U(0) ? e : U(1)) / (U(1) + e);
 }
 
 // ELU with alpha = 1. expm1, not exp - 1: near 0 the subtraction would cancel

@@ -200,7 +200,7 @@ void register_qqq_gemm_kernels(Library& m) { m.impl("qqq_gemm", TORCH_BOX(&qqq_g
 }  // namespace
 }  // namespace opforge
 
-STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) {
+OPFORGE_LIBRARY_FRAGMENT(opforge, m) {
   m.def(
       "qqq_gemm(Tensor a, Tensor w_packed, Tensor s_tok, Tensor s_ch, Tensor? s_group=None, "
       "int group_size=-1, ScalarType? out_dtype=None) -> Tensor");

@@ -10,27 +10,37 @@ namespace {
 // 86 % of the copy limit in the 2-byte types, where a thread converts 8
 // elements per 16-byte vector, while square (1 instruction) ran at the limit.
 // So the arithmetic is cut to what each storage type's precision needs:
-//  - float16/bfloat16: 2^(-x log2 e) by ex2.approx and 1/d by rcp.approx
-//    (4 instructions). Both are within 2 ulp of float32 (PTX ISA), and the
-//    argument's rounding adds |x log2 e| * 2^-24 relative, under 2^-19 for the
-//    |x| < 18 where a 2-byte sigmoid is not already 0 or 1: far below the half
-//    ulp (2^-11, 2^-8) at which the result is stored.
+//  - float16/bfloat16: 2^(-|x| log2 e) by ex2.approx and 1/d by rcp.approx.
+//    Both are within 2 ulp of float32 (PTX ISA), and the argument's rounding
+//    adds |x log2 e| * 2^-24 relative, under 2^-19 for the |x| < 18 where a
+//    2-byte sigmoid is not already 0 or 1: far below the half ulp (2^-11,
+//    2^-8) at which the result is stored.
 //  - float32: expf (2 ulp, CUDA's bound) and rcp.approx (1 ulp) instead of the
 //    IEEE division's Newton steps and slow-path branch: at most ~4 ulp (2.4e-7)
-//    in all, inside the spec's 2e-6. .ftz: results under 2^-126 (x < -87)
-//    become 0, an absolute error under 1.2e-38.
-//  - float64: the exact formula (it serves gradcheck, not speed).
+//    in all, inside the spec's 2e-6.
+//  - float64: the exact division (it serves gradcheck, not speed).
+// Every type as e / (1 + e) with e = e^x for x < 0 and 1 / (1 + e) with
+// e = e^-x otherwise: e never overflows, 1 + e is in [1, 2] (where rcp.approx's
+// flush of subnormals cannot act), and far below 0 the result is e^x itself,
+// subnormal in float32 and bfloat16 below -87.3, which 1 / (1 + e^-x) would
+// flush or overflow to 0.
 template <typename T>
 struct SigmoidOp {
   __device__ float operator()(float x) const {
     constexpr float kLog2e = 1.4426950408889634f;
+    float e;
     if constexpr (sizeof(T) == 2) {
-      return cuda::rcp_approx(1.0f + cuda::ex2_approx(-kLog2e * x));
+      e = cuda::ex2_approx_subnormal(-kLog2e * fabsf(x));
     } else {
-      return cuda::rcp_approx(1.0f + expf(-x));
+      e = expf(-fabsf(x));
     }
+    const float r = cuda::rcp_approx(1.0f + e);
+    return x < 0.0f ? e * r : r;
   }
-  __device__ double operator()(double x) const { return 1.0 / (1.0 + exp(-x)); }
+  __device__ double operator()(double x) const {
+    const double e = exp(-fabs(x));
+    return (x < 0.0 ? e : 1.0) / (1.0 + e);
+  }
 };
 
 struct SigmoidBackwardOp {

@@ -53,6 +53,6 @@ void register_square_kernels(Library& m) { m.impl("square", TORCH_BOX(&square));
 }  // namespace
 }  // namespace opforge
 
-STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m) { m.def("square(Tensor x) -> Tensor"); }
+OPFORGE_LIBRARY_FRAGMENT(opforge, m) { m.def("square(Tensor x) -> Tensor"); }
 
 OPFORGE_REGISTER_KERNELS(opforge, opforge::register_square_kernels)

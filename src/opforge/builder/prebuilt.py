@@ -23,6 +23,7 @@ from pathlib import Path
 from opforge.builder.archs import arch_covered
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig, Library, check_safe_to_load
+from opforge.elf_symbols import ElfError, check_complete
 
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;
 #: or the path of a library built by another route (CMake), loaded as opforge's own.
@@ -50,6 +51,15 @@ def explain_load_error(path: Path, message: str) -> str:
     return ""
 
 
+def check_mappable(path: Path) -> None:
+    """Raises BuildError for a file that the dynamic loader would map but that
+    is cut short: loading it would end the process with SIGBUS, not an error."""
+    try:
+        check_complete(path)
+    except ElfError as exc:
+        raise BuildError(f"opforge: cannot load {path}: {exc}; rebuild it (or copy it again)") from None
+
+
 def load_library_file(path: str | Path) -> Path:
     """Loads a TORCH_LIBRARY shared library built by any route into torch.ops.
 
@@ -65,6 +75,7 @@ def load_library_file(path: str | Path) -> Path:
     if not p.is_file():
         raise BuildError(f"opforge: no library at {p}")
     check_safe_to_load(p, in_cache=False)
+    check_mappable(p)
     refuse_clashes(p)
     try:
         torch.ops.load_library(str(p))
@@ -193,6 +204,7 @@ def load_prebuilt(so: Path) -> Library:
     import torch
 
     check_safe_to_load(so, in_cache=False, root_ok=True)
+    check_mappable(so)
     torch.ops.load_library(str(so))
     record = json.loads(so.with_name("_C.build.json").read_text())
     return Library(
@@ -249,6 +261,7 @@ __all__ = [
     "MODES",
     "STABLE_SUFFIX",
     "SourcesConfig",
+    "check_mappable",
     "choose_prebuilt",
     "explain_load_error",
     "library_file",
