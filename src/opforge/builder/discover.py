@@ -397,7 +397,10 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     setup = root / "setup.py"
     setup_py = setup if setup.is_file() and _SETUP_EXTENSION.search(setup.read_text(errors="replace")) else None
     cmakelists = root / "CMakeLists.txt" if (root / "CMakeLists.txt").is_file() else None
-    if not tree.sources and setup_py is None and cmakelists is None:
+    from opforge.builder.kernel_builder import find_build_toml  # here: that module imports this one
+
+    build_toml = find_build_toml(root)
+    if not tree.sources and setup_py is None and cmakelists is None and build_toml is None:
         skipped = f" (skipped: {', '.join(skipped_name(tree, s) for s in tree.skipped)})" if tree.skipped else ""
         raise DiscoveryError(
             f"{given}: nothing to build: no C++ (.cpp, .cc, .cxx) or CUDA (.cu) source in it or its subfolders{skipped}, "
@@ -412,7 +415,10 @@ def discover(path: str | os.PathLike[str]) -> Layout:
         )
     package = packages[0] if len(packages) == 1 else None
     te_name = [p for p in binding.pybind if p.name == "TORCH_EXTENSION_NAME"]
-    if setup_py is not None:
+    if build_toml is not None:
+        route = "kernel-builder"
+        why = "build.toml names a torch extension and its kernels (Hugging Face kernel-builder)"
+    elif setup_py is not None:
         route = "setup.py"
         why = "setup.py makes a CppExtension/CUDAExtension: each extension is read from it and built in place, as build_ext --inplace"
     elif package is not None:
