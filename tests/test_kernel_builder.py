@@ -21,11 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import kernels
 import pytest
 import torch
-from kernels._rust import Backend, Build, Metadata
-from kernels.variants import VariantAccepted, parse_variant, resolve_variants
 
 import opforge
 from opforge.builder.discover import discover
@@ -44,6 +41,12 @@ SRC = str(Path(opforge.__file__).resolve().parent.parent)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def need_kernels():
+    """The kernels package (a test dependency: pyproject's test extras); the
+    tests that load with it skip, saying so, where it is not installed."""
+    return pytest.importorskip("kernels", reason="the kernels package is not installed (pip install kernels==0.17.0)")
+
+
 def copy_fixture(tmp_path: Path, name: str) -> Path:
     """A copy to build: the build writes into torch-ext/ and build/, and the fixture must stay as committed."""
     return Path(shutil.copytree(FIXTURES / name, tmp_path / name))
@@ -60,6 +63,9 @@ def cpu_torch_ext_variant() -> str:
 def test_each_fixture_is_a_kernel_builder_project_by_kernels_own_reading(name):
     """kernels' own parser of build.toml (kernel-builder's) takes the fixtures as
     they are, edition 5, and so does opforge's route choice."""
+    need_kernels()
+    from kernels._rust import Build
+
     build = Build.open(FIXTURES / name)
     assert [str(b) for b in build.general.backends] == ["cpu", "cuda"]
     layout = discover(FIXTURES / name)
@@ -119,6 +125,9 @@ def test_the_namespace_follows_the_sources_and_headers(tmp_path):
 def test_the_variant_names_are_the_ones_kernels_picks_on_this_machine():
     """kernels' own resolver parses the names opforge gives and accepts, on this
     machine, the CPU build for this torch and the stable-ABI build for 2.10."""
+    need_kernels()
+    from kernels.variants import VariantAccepted, parse_variant, resolve_variants
+
     names = [variant_name("cpu"), variant_name("cpu", stable="2.10"), variant_name("cuda", cuda="13.0")]
     assert names[1] == "torch-stable-abi210-cpu-x86_64-linux" and "-cu130-" in names[2]
     accepted, trace = resolve_variants([parse_variant(n) for n in names], backend="cpu")
@@ -129,6 +138,9 @@ def test_the_variant_names_are_the_ones_kernels_picks_on_this_machine():
 
 
 def test_metadata_json_is_what_kernels_reads(tmp_path):
+    need_kernels()
+    from kernels._rust import Backend, Metadata
+
     project = copy_fixture(tmp_path, "hub_kernel")
     p = plan(project)
     m = Metadata.from_bytes(json.dumps(metadata(p.project, p.variants[0])).encode())
@@ -177,6 +189,7 @@ _GENERAL = '[general]\nname = "gated-silu"\nbackends = ["cpu"]\n'
             "[kernel.k] src must be a list of strings, got 'k.cpp'",
         ),
         (_GENERAL + _TORCH + 'stable-abi = "2.4"\n', "[torch] stable-abi for cpu: the stable ABI is versioned"),
+        (_GENERAL + _TORCH + "minver = 2.10\n", '[torch] minver must be a string (a version in quotes, "2.10"), got 2.1'),
         (
             _GENERAL.replace("gated-silu", "other-name") + _TORCH,
             "its Python package in torch-ext/other_name/, but torch-ext/other_name/__init__.py",
@@ -212,6 +225,19 @@ def test_cuda_capabilities_that_exclude_every_targeted_arch_are_a_clear_error(tm
     toml.write_text(text.replace("[kernel.gated_silu]\n", '[kernel.gated_silu]\ncuda-capabilities = ["7.5", "8.6"]\n'))
     with pytest.raises(KernelBuilderError, match=r"\[kernel.gated_silu\] cuda-capabilities \(7.5, 8.6\) include none of the archs"):
         plan(project)
+
+
+def test_the_cli_says_what_is_wrong_with_a_build_toml_before_compiling(tmp_path, monkeypatch, capsys):
+    from opforge.cli import main
+
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    project = copy_fixture(tmp_path, "hub_kernel")
+    toml = project / "build.toml"
+    toml.write_text(toml.read_text().replace('src = ["gated_silu_cpu/gated_silu_cpu.cpp"]', 'src = ["gated_silu_cpu/gated_silu.cpp"]'))
+    assert main(["build", str(project)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"opforge build: {toml}: [kernel.gated_silu_cpu] src names gated_silu_cpu/gated_silu.cpp, which is not there" in err
+    assert not any((tmp_path / "cache").glob("gated_silu_*")), "refused before any compiler ran"
 
 
 # --------------------------------------------------------------- builds
@@ -279,6 +305,7 @@ def test_the_kernel_builder_project_builds_imports_and_loads_with_kernels(tmp_pa
     with no install step, build/<variant>/ loaded by kernels.get_local_kernel,
     and its operator right against torch. Built again: nothing compiled, nothing
     rewritten. An edited header: a new namespace, and the old library gone."""
+    kernels = need_kernels()
     project = copy_fixture(tmp_path, "hub_kernel")
     cuda = device == "cuda"
     res = run_build(project, tmp_path / "cache", cuda=cuda)
@@ -325,6 +352,14 @@ def test_the_kernel_builder_project_builds_imports_and_loads_with_kernels(tmp_pa
         libs = sorted(f.name for f in (project / "torch-ext" / "gated_silu").glob("*.so"))
         assert libs == [new.library_name], libs
         assert [f.name for f in (project / "build" / cpu_variant / "gated_silu").glob("*.so")] == [new.library_name]
+        # A package that fails to import fails the build, with its error, though it compiled.
+        init = project / "torch-ext" / "gated_silu" / "__init__.py"
+        init.write_text(init.read_text() + "\nraise ImportError('gated_silu: a planted failure')\n")
+        broken = run_build(project, tmp_path / "cache", cuda=False)
+        err = " ".join(broken.stderr.split())
+        assert broken.returncode == 1 and "opforge: building" not in broken.stderr, broken.stdout + broken.stderr
+        assert "opforge build: gated_silu: `import gated_silu` fails from torch-ext/: Traceback" in err, err
+        assert "kernels.get_local_kernel(" in err and "ImportError: gated_silu: a planted failure" in err, err
     print(f"hub_kernel ({device}): built in " + ", ".join(f"{b} {s:.1f} s" for b, s in seconds.items()))
 
 
@@ -342,6 +377,7 @@ def test_a_stable_abi_project_builds_for_every_torch_from_its_target(tmp_path, d
     """[torch.stable-abi]: the build goes by opforge's stable-ABI route (libtorch_cpu
     alone, the CUDA runtime static) into build/torch-stable-abi210-.../, which
     kernels takes for every torch from 2.10 on."""
+    kernels = need_kernels()
     project = copy_fixture(tmp_path, "hub_kernel_stable")
     cuda = device == "cuda"
     res = run_build(project, tmp_path / "cache", cuda=cuda)

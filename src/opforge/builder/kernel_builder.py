@@ -41,9 +41,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, HEADER_SUFFIXES, DiscoveryError, extension_suffix
+
+if TYPE_CHECKING:
+    from opforge.builder.jit import BuildConfig
 
 BUILD_TOML = "build.toml"
 #: The backends opforge builds; the others a build.toml may name are skipped, and said.
@@ -217,10 +220,9 @@ def read_project(root: Path) -> Project:
 
     def text(section: dict[str, Any], key: str, label: str) -> str:
         value = section.get(key, "")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)
         if not isinstance(value, str):
-            raise KernelBuilderError(f"{where}: {label} {key} must be a string, got {value!r}")
+            # A version written bare is a number: 2.10 is 2.1.
+            raise KernelBuilderError(f'{where}: {label} {key} must be a string (a version in quotes, "2.10"), got {value!r}')
         return value
 
     def files(names: Sequence[str], label: str) -> tuple[Path, ...]:
@@ -298,13 +300,13 @@ def read_project(root: Path) -> Project:
         raise KernelBuilderError(f"{where}: no [torch] section: the torch extension's sources go in [torch] src = [...]")
     torch_section = table(data["torch"], "torch")
     stable = torch_section.get("stable-abi", {})
-    if isinstance(stable, (str, int, float)) and not isinstance(stable, bool):
-        stable_abi = {b: str(stable) for b in BUILT_BACKENDS}
-    elif isinstance(stable, dict) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in stable.values()):
-        stable_abi = {str(b): str(v) for b, v in stable.items()}
+    if isinstance(stable, str):
+        stable_abi = {b: stable for b in BUILT_BACKENDS}
+    elif isinstance(stable, dict) and all(isinstance(v, str) for v in stable.values()):
+        stable_abi = {str(b): v for b, v in stable.items()}
     else:
         raise KernelBuilderError(
-            f'{where}: [torch] stable-abi must be a torch version ("2.11") or a table of one per backend, got {stable!r}'
+            f'{where}: [torch] stable-abi must be a torch version in quotes ("2.11") or a table of one per backend, got {stable!r}'
         )
     from opforge.builder.stable import parse_target
 
@@ -349,7 +351,7 @@ class Variant:
     backend: str
     name: str  # the variant folder, "torch213-cxx11-cpu-x86_64-linux"
     ops_name: str  # TORCH_EXTENSION_NAME, the torch.ops namespace and the module's name
-    config: Any  # opforge.builder.jit.BuildConfig
+    config: BuildConfig
     archs: tuple[str, ...] = ()  # CUDA: as metadata.json lists them
     limited_api: bool = True
 
