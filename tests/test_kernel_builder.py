@@ -267,20 +267,34 @@ def in_new_process(code: str, cwd: Path) -> subprocess.CompletedProcess:
     return res
 
 
-def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1] // 2
-    return (torch.nn.functional.silu(x[..., :d].double()) * x[..., d:].double()).to(x.dtype)
+# kernels' own loader in a new process (a build's namespace registers once a process, and the
+# tests build the same sources, the same namespace, in two folders): the variant it picks for
+# BACKEND (None: this machine's default), which must be VARIANT, and the operator against torch.
+KERNELS_SILU_CHECK = """
+import re, torch, kernels
+from pathlib import Path
+module = kernels.get_local_kernel(Path("."), backend=BACKEND)
+assert Path(module.__file__).parent.parent.name == VARIANT, module.__file__
+device = "cuda" if VARIANT.split("-")[-3].startswith("cu") else "cpu"
+for shape in ((1, 2), (3, 59, 194), (1025, 2 * 97), (7, 4096)):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        x = torch.randn(shape, device=device, dtype=dtype)
+        d = shape[-1] // 2
+        ref = (torch.nn.functional.silu(x[..., :d].double()) * x[..., d:].double()).to(dtype)
+        torch.testing.assert_close(module.silu_and_mul(x), ref)
+assert module.silu_and_mul(torch.randn(0, 8, device=device)).shape == (0, 4)
+try:
+    module.silu_and_mul(torch.randn(3, 5, device=device))
+    raise SystemExit("no error for an odd last dimension")
+except RuntimeError as exc:
+    assert re.search(r"silu_and_mul: the last dimension of input must be even .*got \\[3, 5\\]", str(exc)), exc
+print("KERNELS OK", VARIANT)
+"""
 
 
-def assert_silu_and_mul_right(module, device: str) -> None:
-    """The operator against the torch reference: odd sizes, every dtype it takes, an empty input, a bad shape."""
-    for shape in ((1, 2), (3, 59, 194), (1025, 2 * 97), (7, 4096)):
-        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            x = torch.randn(shape, device=device, dtype=dtype)
-            torch.testing.assert_close(module.silu_and_mul(x), silu_and_mul_reference(x))
-    assert module.silu_and_mul(torch.randn(0, 8, device=device)).shape == (0, 4)
-    with pytest.raises(RuntimeError, match=r"silu_and_mul: the last dimension of input must be even .*got \[3, 5\]"):
-        module.silu_and_mul(torch.randn(3, 5, device=device))
+def kernels_check(project: Path, code: str, backend: str | None, variant: str) -> None:
+    res = in_new_process(f"BACKEND = {backend!r}\nVARIANT = {variant!r}\n" + code, project)
+    assert res.returncode == 0 and f"KERNELS OK {variant}" in res.stdout, res.stdout + res.stderr
 
 
 TORCH_EXT_CHECK = """
@@ -327,12 +341,10 @@ def test_the_kernel_builder_project_builds_imports_and_loads_with_kernels(tmp_pa
         assert "gated-silu: torch-ext/gated_silu/ holds the cpu build: _gated_silu_cpu_" in res.stdout
         assert p is not None and (project / "torch-ext" / "gated_silu" / p.variants[0].library_name).is_file()
 
-    # kernels' own loader, in this process: the CPU build, and on a GPU the CUDA one (its default there).
-    assert_silu_and_mul_right(kernels.get_local_kernel(project, backend="cpu"), "cpu")
+    # kernels' own loader: the CPU build, and on a GPU the CUDA one (its default there).
+    kernels_check(project, KERNELS_SILU_CHECK, "cpu", cpu_variant)
     if cuda:
-        module = kernels.get_local_kernel(project)
-        assert Path(module.__file__).parent.parent.name == cuda_variant
-        assert_silu_and_mul_right(module, "cuda")
+        kernels_check(project, KERNELS_SILU_CHECK, None, cuda_variant)
     # The torch-ext package, as its author imports it (a process of its own: one namespace registers once a process).
     check = in_new_process(f"DEVICE = {device!r}\n" + TORCH_EXT_CHECK, project)
     assert check.returncode == 0 and "TORCH-EXT OK" in check.stdout, check.stdout + check.stderr
@@ -363,12 +375,22 @@ def test_the_kernel_builder_project_builds_imports_and_loads_with_kernels(tmp_pa
     print(f"hub_kernel ({device}): built in " + ", ".join(f"{b} {s:.1f} s" for b, s in seconds.items()))
 
 
-def scaled_add_right(module, device: str) -> None:
-    for n in (1, 97, 4099):
-        x, y = torch.randn(n, device=device), torch.randn(n, device=device)
-        torch.testing.assert_close(module.scaled_add(x, y, 0.75), x + 0.75 * y)
-    with pytest.raises(RuntimeError, match="scaled_add: takes float32 tensors"):
-        module.scaled_add(torch.randn(4, device=device, dtype=torch.float64), torch.randn(4, device=device, dtype=torch.float64))
+KERNELS_SCALED_ADD_CHECK = """
+import torch, kernels
+from pathlib import Path
+module = kernels.get_local_kernel(Path("."), backend=BACKEND)
+assert Path(module.__file__).parent.parent.name == VARIANT, module.__file__
+device = "cuda" if VARIANT.split("-")[-3].startswith("cu") else "cpu"
+for n in (1, 97, 4099):
+    x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+    torch.testing.assert_close(module.scaled_add(x, y, 0.75), x + 0.75 * y)
+try:
+    module.scaled_add(torch.randn(4, device=device, dtype=torch.float64), torch.randn(4, device=device, dtype=torch.float64))
+    raise SystemExit("no error for float64")
+except RuntimeError as exc:
+    assert "scaled_add: takes float32 tensors" in str(exc), exc
+print("KERNELS OK", VARIANT)
+"""
 
 
 @pytest.mark.slow
@@ -377,7 +399,7 @@ def test_a_stable_abi_project_builds_for_every_torch_from_its_target(tmp_path, d
     """[torch.stable-abi]: the build goes by opforge's stable-ABI route (libtorch_cpu
     alone, the CUDA runtime static) into build/torch-stable-abi210-.../, which
     kernels takes for every torch from 2.10 on."""
-    kernels = need_kernels()
+    need_kernels()
     project = copy_fixture(tmp_path, "hub_kernel_stable")
     cuda = device == "cuda"
     res = run_build(project, tmp_path / "cache", cuda=cuda)
@@ -386,10 +408,10 @@ def test_a_stable_abi_project_builds_for_every_torch_from_its_target(tmp_path, d
     assert "(CPU kernels; stable ABI, torch 2.10 and later)" in res.stdout
     assert f"get_local_kernel(backend='cpu') loads build/{cpu_variant}/: _scaled_add_cpu_" in res.stdout
     seconds = {"cpu": built_seconds(res, "scaled_add_cpu")}
-    scaled_add_right(kernels.get_local_kernel(project, backend="cpu"), "cpu")
+    kernels_check(project, KERNELS_SCALED_ADD_CHECK, "cpu", cpu_variant)
     if cuda:
         seconds["cuda"] = built_seconds(res, "scaled_add_cuda")
-        module = kernels.get_local_kernel(project)
-        assert Path(module.__file__).parent.parent.name.startswith("torch-stable-abi210-cu")
-        scaled_add_right(module, "cuda")
+        cuda_variant = next(d.name for d in (project / "build").iterdir() if d.name.startswith("torch-stable-abi210-cu"))
+        assert f"get_local_kernel(backend='cuda') loads build/{cuda_variant}/: _scaled_add_cuda_" in res.stdout
+        kernels_check(project, KERNELS_SCALED_ADD_CHECK, None, cuda_variant)
     print(f"hub_kernel_stable ({device}): built in " + ", ".join(f"{b} {s:.1f} s" for b, s in seconds.items()))

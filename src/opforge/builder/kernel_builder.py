@@ -906,7 +906,20 @@ def loadable_backends() -> set[str]:
 
 
 def _tail(trace: str, most: int = 12) -> str:
-    return "\n".join(trace.strip().splitlines()[-most:])
+    """A traceback's header and its last ``most`` lines, the import machinery's frames
+    left out: what is left is the package's own code and its error."""
+    machinery = ('  File "<frozen ', '  File "' + os.path.dirname(os.__file__) + "/importlib/")
+    kept: list[str] = []
+    skipping = False
+    for line in trace.strip().splitlines():
+        if line.startswith('  File "'):
+            skipping = line.startswith(machinery)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    head = kept[:1] if kept and kept[0].startswith("Traceback") else []
+    return "\n".join(head + kept[len(head) :][-most:])
 
 
 def check(result: Result, *, timeout: float = 300.0) -> Check:
