@@ -25,17 +25,10 @@ import pytest
 import torch
 
 import opforge
-from opforge.builder.discover import discover
-from opforge.builder.kernel_builder import (
-    KernelBuilderError,
-    find_build_toml,
-    metadata,
-    ops_py,
-    place_in_torch_ext,
-    plan,
-    read_project,
-    variant_name,
-)
+from opforge.builder.discover import discover, find_build_toml
+from opforge.builder.kernel_builder import plan
+from opforge.builder.kernel_builder_layout import metadata, ops_py, place_in_torch_ext, variant_name
+from opforge.builder.kernel_builder_toml import KernelBuilderError, read_project
 
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -46,6 +46,8 @@ _TORCH_LIBRARY = re.compile(
 _PYINIT_C = re.compile(r"\bPyInit__C\b")
 _SETUP_EXTENSION = re.compile(r"\b(?:CppExtension|CUDAExtension)\b")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# [torch], [torch.<key>] or [kernel.<name>] at the start of a line: a kernel-builder build.toml.
+_KERNEL_BUILDER_SECTION = re.compile(r"^\s*\[\s*(?:torch\s*[].]|kernel\s*\.)", re.M)
 
 
 class DiscoveryError(ValueError):
@@ -397,8 +399,6 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     setup = root / "setup.py"
     setup_py = setup if setup.is_file() and _SETUP_EXTENSION.search(setup.read_text(errors="replace")) else None
     cmakelists = root / "CMakeLists.txt" if (root / "CMakeLists.txt").is_file() else None
-    from opforge.builder.kernel_builder import find_build_toml  # here: that module imports this one
-
     build_toml = find_build_toml(root)
     if not tree.sources and setup_py is None and cmakelists is None and build_toml is None:
         skipped = f" (skipped: {', '.join(skipped_name(tree, s) for s in tree.skipped)})" if tree.skipped else ""
@@ -438,6 +438,18 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     return Layout(tree, binding, package, setup_py, cmakelists, route, why)
 
 
+def find_build_toml(root: Path) -> Path | None:
+    """``root/build.toml`` where it has a ``[torch]`` or ``[kernel.<name>]``
+    section: a Hugging Face kernel-builder project (opforge.builder.kernel_builder),
+    told from its text, so that a malformed one still takes that route, whose
+    reading says what is wrong with it."""
+    path = Path(root) / "build.toml"
+    try:
+        return path if _KERNEL_BUILDER_SECTION.search(path.read_text(errors="replace")) else None
+    except OSError:
+        return None
+
+
 def skipped_name(tree: Tree, folder: Path) -> str:
     """A skipped folder as ``describe`` names it: a vendored one with what of it is kept."""
     if skip_reason(folder) != VENDORED:
@@ -460,6 +472,7 @@ __all__ = [
     "Tree",
     "discover",
     "extension_suffix",
+    "find_build_toml",
     "find_packages",
     "headers_under",
     "imports_c",

@@ -259,7 +259,9 @@ def _build_kernel_builder(root: Path) -> int:
     """A Hugging Face kernel-builder project (opforge.builder.kernel_builder):
     each backend built and placed, then imported as its users import it."""
     from opforge.builder import BuildError
-    from opforge.builder.kernel_builder import KernelBuilderError, build_project, check
+    from opforge.builder.kernel_builder import build_project
+    from opforge.builder.kernel_builder_check import check
+    from opforge.builder.kernel_builder_toml import KernelBuilderError
 
     def say(line: str) -> None:
         out.print(line, highlight=False, markup=False)
