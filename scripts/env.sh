@@ -39,12 +39,12 @@ want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # OPFORGE_PREBUILT=0: a checkout's editable install is pure Python; the JIT cache builds the op
   # library, incrementally. First without an index, for a machine that has every dependency
-  # already (setuptools >= 77 too: the build runs in this environment; the tests' own, ruff aside,
-  # which test.sh skips when missing); then from the index, with one retry (PIP_RETRIES reaches
-  # the build-dependency step's own pip too): a machine with no route to an index fails in a
-  # second instead of retrying for ten.
+  # already (setuptools >= 77 too: the build runs in this environment; the tests' own, kernels
+  # 0.17.0 included, ruff aside, which test.sh skips when missing); then from the index, with one
+  # retry (PIP_RETRIES reaches the build-dependency step's own pip too): a machine with no route to
+  # an index fails in a second instead of retrying for ten.
   if python -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null &&
-    python -c 'import pytest, xdist, numpy' 2>/dev/null &&
+    python -c 'import pytest, xdist, numpy, importlib.metadata as m, sys; sys.exit(m.version("kernels") != "0.17.0")' 2>/dev/null &&
     OPFORGE_PREBUILT=0 python -m pip install -q --no-index --no-build-isolation -e . >/dev/null 2>&1; then
     :
   elif ! OPFORGE_PREBUILT=0 PIP_RETRIES=1 python -m pip install -q -e ".[test]"; then

@@ -46,6 +46,8 @@ _TORCH_LIBRARY = re.compile(
 _PYINIT_C = re.compile(r"\bPyInit__C\b")
 _SETUP_EXTENSION = re.compile(r"\b(?:CppExtension|CUDAExtension)\b")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# [torch], [torch.<key>] or [kernel.<name>] at the start of a line: a kernel-builder build.toml.
+_KERNEL_BUILDER_SECTION = re.compile(r"^\s*\[\s*(?:torch\s*[].]|kernel\s*\.)", re.M)
 
 
 class DiscoveryError(ValueError):
@@ -397,7 +399,8 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     setup = root / "setup.py"
     setup_py = setup if setup.is_file() and _SETUP_EXTENSION.search(setup.read_text(errors="replace")) else None
     cmakelists = root / "CMakeLists.txt" if (root / "CMakeLists.txt").is_file() else None
-    if not tree.sources and setup_py is None and cmakelists is None:
+    build_toml = find_build_toml(root)
+    if not tree.sources and setup_py is None and cmakelists is None and build_toml is None:
         skipped = f" (skipped: {', '.join(skipped_name(tree, s) for s in tree.skipped)})" if tree.skipped else ""
         raise DiscoveryError(
             f"{given}: nothing to build: no C++ (.cpp, .cc, .cxx) or CUDA (.cu) source in it or its subfolders{skipped}, "
@@ -412,7 +415,10 @@ def discover(path: str | os.PathLike[str]) -> Layout:
         )
     package = packages[0] if len(packages) == 1 else None
     te_name = [p for p in binding.pybind if p.name == "TORCH_EXTENSION_NAME"]
-    if setup_py is not None:
+    if build_toml is not None:
+        route = "kernel-builder"
+        why = "build.toml names a torch extension and its kernels (Hugging Face kernel-builder)"
+    elif setup_py is not None:
         route = "setup.py"
         why = "setup.py makes a CppExtension/CUDAExtension: each extension is read from it and built in place, as build_ext --inplace"
     elif package is not None:
@@ -430,6 +436,18 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     else:
         route, why = "jit", "no binding found in the sources: built as TORCH_LIBRARY code, then its load says what it registers"
     return Layout(tree, binding, package, setup_py, cmakelists, route, why)
+
+
+def find_build_toml(root: Path) -> Path | None:
+    """``root/build.toml`` where it has a ``[torch]`` or ``[kernel.<name>]``
+    section: a Hugging Face kernel-builder project (opforge.builder.kernel_builder),
+    told from its text, so that a malformed one still takes that route, whose
+    reading says what is wrong with it."""
+    path = Path(root) / "build.toml"
+    try:
+        return path if _KERNEL_BUILDER_SECTION.search(path.read_text(errors="replace")) else None
+    except OSError:
+        return None
 
 
 def skipped_name(tree: Tree, folder: Path) -> str:
@@ -454,6 +472,7 @@ __all__ = [
     "Tree",
     "discover",
     "extension_suffix",
+    "find_build_toml",
     "find_packages",
     "headers_under",
     "imports_c",

@@ -69,6 +69,8 @@ def build_folder(path: Path, route: str = "auto") -> int:
     except DiscoveryError as exc:
         usage_error(f"opforge build: {exc}")
     route = layout.route if route == "auto" else route
+    if route == "kernel-builder":
+        return _build_kernel_builder(layout.root)
     if route == "package" and layout.package is None:
         usage_error(f"opforge build: {path}: --route package, but no package here imports a compiled _C (`from . import _C`)")
     setup_py = layout.setup_py or (layout.root / "setup.py" if (layout.root / "setup.py").is_file() else None)
@@ -251,3 +253,29 @@ def _build_cmake(folder: Path) -> int:
         load_library(so)
         out.print(f"{folder.name}: {so} (cmake; loaded into torch.ops)")
     return 0
+
+
+def _build_kernel_builder(root: Path) -> int:
+    """A Hugging Face kernel-builder project (opforge.builder.kernel_builder):
+    each backend built and placed, then imported as its users import it."""
+    from opforge.builder import BuildError
+    from opforge.builder.kernel_builder import build_project
+    from opforge.builder.kernel_builder_check import check
+    from opforge.builder.kernel_builder_toml import KernelBuilderError
+
+    def say(line: str) -> None:
+        out.print(line, highlight=False, markup=False)
+
+    try:
+        result = build_project(root, say=say)
+    except (BuildError, KernelBuilderError) as exc:
+        err.print(f"opforge build: {exc}" if isinstance(exc, KernelBuilderError) else str(exc), highlight=False, markup=False)
+        return 1
+    for line in result.lines():
+        say(line)
+    verdict = check(result)
+    for line in verdict.lines:
+        say(line)
+    for line in verdict.errors:
+        err.print(f"opforge build: {line}", highlight=False, markup=False)
+    return 0 if verdict.ok else 1
