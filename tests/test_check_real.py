@@ -229,17 +229,22 @@ def test_an_operator_the_checks_process_cannot_load_is_checked_here(seed):
 
 
 @pytest.mark.cuda
-def test_a_failed_cuda_launch_is_reported_by_the_step_and_sample_that_made_it(seed):
-    from opforge.builder import folder_config, load_library
-
-    load_library(folder_config(FIXTURES / "empty_grid", with_cuda=True), quiet=True)
-    spec = opforge.spec(torch.ops.empty_grid.twice.default, reference=lambda x: 2 * x, dtypes=(torch.float32,))
+def test_a_failed_cuda_launch_is_reported_by_the_step_and_sample_that_made_it(tmp_path, seed):
+    spec_file = FIXTURES / "empty_grid" / "empty_grid_spec.py"
+    (spec,) = load_spec_file(spec_file)
     cuda = torch.device("cuda")
     results = {r.check: r for r in check_op(spec, cuda, seed)}
     reference = results["reference"]
-    assert reference.status == "fail" and reference.failures, reference
-    assert all("[empty 0]" in f and "invalid configuration argument" in f for f in reference.failures), reference.failures
+    assert reference.status == "fail", reference
+    (failure,) = reference.failures
+    want = f"twice float32 [empty 0] (seed {seed}): CUDA error after the operator's call: invalid configuration"
+    assert failure.startswith(want), failure
     # Nothing of it leaks into the checks that follow.
     for name in ("opcheck", "compile"):
         assert results[name].status == "pass", results[name].failures
-    assert check_reference(spec, cuda, seed).count == reference.count
+    # The same through the command, whose checks run in a process of their own.
+    res = opforge_cli("check", str(spec_file), "--device", "cuda", "--seed", str(seed), cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert _row(res.stdout, "empty_grid::twice")[1:3] == ["FAIL (1/13)", "pass (6)"], res.stdout
+    assert "x reference: twice float32 [empty 0]" in res.stdout and "invalid configuration argument" in res.stdout
+    assert "AcceleratorError" not in res.stdout + res.stderr

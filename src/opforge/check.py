@@ -354,7 +354,8 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
 def unmarked_writes(spec: OpSpec, device: torch.device, seed: int, check: str = "reference") -> list[int]:
     """Positions of the tensor arguments that one call of the operator (its
     first sample that holds elements) writes into although its schema does not
-    mark them as written. [] where the call raises: the checks say why."""
+    mark them as written. [] where the call raises: the checks say why; but a
+    CUDA error the call leaves (KernelError) is raised, with the sample named."""
     dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
     samples = spec.samples(device, dtype, generator(device, seed))
     sample = next((s for s in samples if tensors(s.args) and all(t.numel() > 0 for t in tensors(s.args))), None)
@@ -362,10 +363,13 @@ def unmarked_writes(spec: OpSpec, device: torch.device, seed: int, check: str = 
         return []
     mutated = set(spec.mutated_args)
     before = {i: [t.clone() for t in tensors(a)] for i, a in enumerate(sample.args) if i not in mutated and tensors(a)}
-    step(spec, check, f"{sample_label(spec, dtype, sample)}: does it write an argument its schema does not mark?")
+    label = sample_label(spec, dtype, sample)
+    step(spec, check, f"{label}: does it write an argument its schema does not mark?")
     try:
         spec.overload(*sample.args, **sample.kwargs)
         settle(device)
+    except KernelError as exc:
+        raise KernelError(f"{label}: {exc}") from None
     except Exception:  # noqa: BLE001
         return []
     return [i for i, ts in before.items() if not all(unchanged(b, a) for b, a in zip(ts, tensors(sample.args[i]), strict=True))]
@@ -395,6 +399,9 @@ def check_op(
     checks = list(checks)
     try:
         written = unmarked_writes(spec, device, seed, checks[0]) if checks else []
+    except KernelError as exc:  # its first call: the first check's failure, whose own run would meet it first
+        add(CheckResult(spec.name, checks[0], "fail", count=1, failures=[str(exc)]))
+        checks, written = checks[1:], []
     except Exception:  # noqa: BLE001 - samples that cannot be drawn: the checks say so
         written = []
     if written:

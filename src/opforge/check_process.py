@@ -142,6 +142,10 @@ class _Child:
 
     def __init__(self, job: _Job) -> None:
         env = {**os.environ, "OPFORGE_NO_AUTOLOAD": "1"}
+        if not job.loads.wait_fast:
+            # Without the eager fast path here (not built, or its build still running), as without it
+            # there: the child neither starts a build of its own nor checks other autograd kernels.
+            env["OPFORGE_FAST"] = "0"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, *sys.path],
             stdin=subprocess.PIPE,
