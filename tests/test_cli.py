@@ -67,6 +67,7 @@ def test_a_failed_check_exits_1(monkeypatch, capsys):
         return [check.CheckResult(spec.name, "reference", "fail", count=1, failures=["planted failure"])]
 
     monkeypatch.setattr(check, "check_op", failing)
+    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")  # the planted failure is this process's
     assert cli.main(["check", "square", "--checks", "reference", "--device", "cpu", "--seed", "1"]) == 1
     assert "reference: planted failure" in capsys.readouterr().out
 
@@ -346,6 +347,7 @@ def test_run_fails_when_a_check_fails(monkeypatch, capsys):
         return results
 
     monkeypatch.setattr(check, "check_op", failing)
+    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")  # the planted failure is this process's
     monkeypatch.setattr(cli.out, "width", 200)
     code = cli.main(["run", "square", "--device", "cpu", "--seed", "1", "--budget", "0.01", "--no-compile"])
     out = capsys.readouterr()

@@ -300,6 +300,8 @@ def _sanitizer_env() -> dict[str, str]:
     # memcheck sees the real bounds of every buffer and initcheck cannot take
     # memory written by an earlier tensor for initialised.
     env.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+    # The checks in the process the sanitizer starts, not in a child of it (opforge.check_process).
+    env["OPFORGE_CHECK_IN_PROCESS"] = "1"
     return env
 
 

@@ -125,11 +125,16 @@ def fmt_tflops(row: BenchRow) -> str:
 
 
 def check_cell(r: CheckResult) -> str:
+    """A check's verdict in a cell: pass or FAIL with its counts, and its tag (the dtype
+    gradcheck ran in, the layouts refused, the signal that ended the process), or n/a and why."""
+    tag = f" [dim]{escape(r.tag)}[/]" if r.tag else ""
     if r.status == "pass":
-        return f"[green]pass[/] ({r.count})"
+        return f"[green]pass[/] ({r.count}){tag}"
     if r.status == "n/a":
-        return f"[dim]n/a[/] [dim]{r.note}[/]"
-    return f"[bold red]FAIL[/] ({len(r.failures)}/{r.count})"
+        return f"[dim]n/a[/] [dim]{escape(r.note)}[/]"
+    if r.crashed:
+        return f"[bold red]FAIL[/] [red]{escape(r.tag)}[/]"
+    return f"[bold red]FAIL[/] ({len(r.failures)}/{r.count}){tag}"
 
 
 def check_verdict(results: Sequence[CheckResult]) -> str:

@@ -148,7 +148,16 @@ class OpSpec:
         return self.overload._schema
 
     @property
+    def returns_tensor(self) -> bool:
+        """Whether the schema returns a tensor (``-> ()`` returns none: an out= form writes its result instead)."""
+        return any("Tensor" in str(r.type) for r in self.schema.returns)
+
+    @property
     def differentiable(self) -> bool:
+        """Whether gradients flow from what the operator returns: it returns a
+        tensor, and has an autograd formula (this spec's, or its owner's)."""
+        if not self.returns_tensor:
+            return False
         if self.backward is not None:
             return True
         return self.owner_registered and owner_has_autograd(self.overload)

@@ -68,6 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if a GPU is visible, else cpu")
         sp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, printed)")
 
+    def isolation(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--time-limit", type=positive_seconds, default=None, metavar="SECONDS",
+                        help="the checks run in a process of their own: a step (one call of an operator on one sample) "
+                             "still running after this long is reported and killed, and the checks go on "
+                             "(default 300)")  # fmt: skip
+        sp.add_argument("--in-process", action="store_true",
+                        help="run the checks in this process (for a debugger); a kernel that crashes then ends the command")  # fmt: skip
+
     sp = sub.add_parser("build", help="build (or find in the cache) the op library, or a folder of yours, and say where it is")
     sp.add_argument("path", nargs="?", type=Path, default=None,
                     help="a folder of your sources, in any layout: sources and headers in any subfolder, a package "
@@ -107,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="device",
         help="where the float64 reference runs (default: the checked device; profile --sanitize uses cpu)",
     )
+    isolation(sp)
     sp.set_defaults(fn=cmd_check)
     for name, helptext, fn in [
         ("bench", "time operators against their PyTorch reference", cmd_bench),
@@ -116,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         common(sp)
         run = name == "run"
         if run:
+            isolation(sp)
             sp.add_argument("--full", action="store_true",
                             help="every case of the sweeps (and their plot, as --sweep), every dtype, the torch.compile "
                                  "baseline on the CPU too (tens of minutes there)")  # fmt: skip

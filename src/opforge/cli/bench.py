@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from opforge.cli.args import pick_seed, usage_error
 from opforge.cli.build import print_library
-from opforge.cli.check import check_failures, check_ops
+from opforge.cli.check import check_failures, check_notes, check_ops
 from opforge.cli.render import bench_table, err, out, print_comparison
 from opforge.cli.targets import device_and_specs
 
@@ -192,12 +192,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     err.print(
         f"opforge run on {device}, seed {seed} (rerun with --seed {seed}): check {len(specs)} operators, then time them", highlight=False
     )
-    checked = check_ops(specs, device, seed, CHECKS)
+    checked = check_ops(specs, device, seed, CHECKS, time_limit=args.time_limit, in_process=args.in_process or None)
     verified = [q for q, rs in checked.items() if all(r.ok for r in rs if r.check in ("reference", "bad inputs"))]
     fast.attach(wait=True)  # the calls timed are the calls users make
-    report = bench_ops(specs, device, seed, opts, verified=verified)
+    # An operator that killed the checks' process or hung in it would do the same to this one: not timed.
+    timed = [s for s in specs if not any(r.crashed for r in checked[s.qualname])]
+    report = bench_ops(timed, device, seed, opts, verified=verified)
     by_op = {s.qualname: [r for r in report.rows if r.op == s.name] for s in specs}
     out.print(summary_table(report, [SummaryOp(q, checked[q], by_op[q]) for q in checked]))
+    for note in check_notes(checked):
+        out.print(f"[dim]-[/] {escape(note)}", highlight=False)
     failures = check_failures(checked)
     for f in failures:
         out.print(f"[red]x[/] {escape(f)}", highlight=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,23 +28,76 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def check_ops(
-    specs: Sequence[Any], device: Any, seed: int, checks: Sequence[str], seeds: int = 1, reference_on: str = "device"
+    specs: Sequence[Any],
+    device: Any,
+    seed: int,
+    checks: Sequence[str],
+    seeds: int = 1,
+    reference_on: str = "device",
+    *,
+    time_limit: float | None = None,
+    in_process: bool | None = None,
 ) -> dict[str, list[Any]]:
     """Every check of every operator, a line per operator as each finishes;
-    the results by qualified name."""
+    the results by qualified name. They run in a process of their own
+    (opforge.check_process), which a kernel may kill or hang without ending
+    this one; ``in_process`` (default: OPFORGE_CHECK_IN_PROCESS=1 in the
+    environment, as compute-sanitizer's runs set it) runs them here instead."""
     from opforge.check import check_op
+    from opforge.check_process import DEFAULT_TIME_LIMIT_S, run_checks
     from opforge.report import Steps, check_cell
 
+    reference_device = "cpu" if reference_on == "cpu" else None
+    if in_process is None:
+        in_process = os.environ.get("OPFORGE_CHECK_IN_PROCESS") == "1"
     results: dict[str, list[Any]] = {}
     steps = Steps(err, len(specs), "checking")
+    started = [time.perf_counter()]
+
+    def done(spec: Any, rs: Sequence[Any]) -> None:
+        cells = ", ".join(f"{r.check} {check_cell(r)}" for r in rs)
+        steps.line(f"check {spec.name}: {cells} ({time.perf_counter() - started[0]:.1f} s)")
+        started[0] = time.perf_counter()
+        following = [s for s in specs if s.qualname not in results and s.qualname != spec.qualname]
+        if following:
+            steps.doing(following[0].name)
+
     with steps.running():
-        for spec in specs:
-            steps.doing(spec.name)
-            start = time.perf_counter()
-            results[spec.qualname] = check_op(spec, device, seed, checks, seeds, reference_device="cpu" if reference_on == "cpu" else None)
-            cells = ", ".join(f"{r.check} {check_cell(r)}" for r in results[spec.qualname])
-            steps.line(f"check {spec.name}: {cells} ({time.perf_counter() - start:.1f} s)")
-    return results
+        if in_process:
+            for spec in specs:
+                steps.doing(spec.name)
+                results[spec.qualname] = check_op(spec, device, seed, checks, seeds, reference_device=reference_device)
+                done(spec, results[spec.qualname])
+            return results
+        if specs:
+            steps.doing(specs[0].name)
+
+        def on_op(spec: Any, rs: list[Any]) -> None:
+            results[spec.qualname] = rs
+            done(spec, rs)
+
+        def on_note(text: str) -> None:
+            err.print(f"[yellow]{escape(text)}[/]", highlight=False)
+
+        limit = time_limit or DEFAULT_TIME_LIMIT_S
+        loads = _loads()
+        return run_checks(specs, device, seed, checks, seeds, reference_device, loads=loads, time_limit=limit, on_op=on_op, on_note=on_note)
+
+
+def _loads() -> Any:
+    """What the checks' process loads to find the operators: what this one did."""
+    import opforge
+    from opforge import fast
+    from opforge.check_process import Loads
+    from opforge.cli.targets import loaded_targets
+
+    return Loads(own_library=opforge.library is not None, wait_fast=fast.module() is not None, targets=loaded_targets())
+
+
+def check_notes(results: dict[str, list[Any]]) -> list[str]:
+    """What the checks that ran say besides their verdict: the dtype gradcheck
+    ran in, the layouts an operator refused."""
+    return [f"{r.op} {r.check}: {r.note}" for rs in results.values() for r in rs if r.note and r.status != "n/a"]
 
 
 def check_failures(results: dict[str, list[Any]]) -> list[str]:
@@ -65,6 +119,9 @@ def run_check(
     seeds: int = 1,
     report: bool = False,
     reference_on: str = "device",
+    *,
+    time_limit: float | None = None,
+    in_process: bool | None = None,
 ) -> bool:
     from opforge.report import check_table, worst_table
 
@@ -73,11 +130,13 @@ def run_check(
     seed = pick_seed(seed)
     specs = specs_of(names, own_library=own_library)
     err.print(f"opforge check on {device}, seed {seed}{f' (+{seeds - 1} more)' if seeds > 1 else ''} (rerun with --seed {seed})")
-    results = check_ops(specs, device, seed, checks, seeds, reference_on)
+    results = check_ops(specs, device, seed, checks, seeds, reference_on, time_limit=time_limit, in_process=in_process)
     out.print(check_table(f"opforge check ({device}, seed {seed}{f', {seeds} seeds' if seeds > 1 else ''})", checks, results))
     worst_rows = [(spec.name, case, e) for spec in specs for r in results[spec.qualname] for case, e in r.worst.items()]
     if worst_rows:
         out.print(worst_table(worst_rows, per_case=report))
+    for note in check_notes(results):
+        out.print(f"[dim]-[/] {escape(note)}", highlight=False)
     for f in check_failures(results):
         out.print(f"[red]x[/] {escape(f)}", highlight=False)
     n_pass = sum(r.status == "pass" for rs in results.values() for r in rs)
@@ -95,4 +154,6 @@ def cmd_check(args: argparse.Namespace) -> int:
             usage_error(f"opforge: unknown check {c!r}; choose from {', '.join(CHECKS)}")
     if args.seeds < 1:
         usage_error(f"opforge: --seeds must be at least 1, got {args.seeds}")
-    return 0 if run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report, args.reference_on) else 1
+    ok = run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report, args.reference_on,
+                   time_limit=args.time_limit, in_process=args.in_process or None)  # fmt: skip
+    return 0 if ok else 1

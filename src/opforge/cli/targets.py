@@ -57,6 +57,15 @@ def pick_device(
     return torch.device(name)
 
 
+# The spec files and package folders resolve_targets loaded in this process, resolved, in order: what the
+# checks' own process loads again (opforge.check_process).
+_LOADED: list[str] = []
+
+
+def loaded_targets() -> list[str]:
+    return list(_LOADED)
+
+
 def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
     """``names`` with each package directory (``opforge new``'s, a ``[tool.opforge]``
     table in its pyproject.toml) and each spec file (``FILE.py``, its ``SPECS``)
@@ -83,6 +92,8 @@ def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], b
         if path is None:
             expanded.append(n)
             continue
+        if str(path) not in _LOADED:
+            _LOADED.append(str(path))
         expanded += [s.qualname for s in specs]
         if path.suffix == ".py":
             for spec in specs:
