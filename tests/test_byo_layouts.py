@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from opforge.builder.describe import describe
 from opforge.builder.discover import DiscoveryError, discover, extension_suffix, read_binding, walk
 
-from .test_byo_build import FIXTURES, built_seconds, copy_fixture, run_build, write
+from .test_byo_build import FIXTURES, SRC, built_seconds, copy_fixture, run_build, write
 
 NO_CUDA = "torch 2.13.0+cpu has no CUDA"
 
@@ -377,3 +378,40 @@ def test_a_setup_py_asking_for_five_archs_builds_the_gpu_here_and_all_when_asked
     assert res.returncode == 0, res.stdout + res.stderr
     cubins = subprocess.run(["cuobjdump", "--list-elf", str(library)], capture_output=True, text=True).stdout
     assert sorted(set(re.findall(r"sm_(\d+)", cubins))) == ["75", "80", "86", "89", "90"], cubins
+
+
+CMAKE_OP = """
+#ifndef NEEDED_FLAG
+#error "the project needs -DNEEDED_FLAG"
+#endif
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+at::Tensor ident(const at::Tensor& x) { return x.clone(); }
+TORCH_LIBRARY(cmake_flag, m) { m.def("ident(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(cmake_flag, CPU, m) { m.impl("ident", &ident); }
+"""
+CMAKE_LISTS = """cmake_minimum_required(VERSION 3.18)
+project(cmake_flag LANGUAGES CXX)
+find_package(Torch REQUIRED)
+add_library(cmake_flag SHARED op.cpp)
+target_link_libraries(cmake_flag PRIVATE torch)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_OPFORGE_CXXFLAGS_reaches_the_cmake_route_and_leaves_it_when_unset(tmp_path):
+    folder = write(tmp_path / "cmake_flag", {"CMakeLists.txt": CMAKE_LISTS, "op.cpp": CMAKE_OP})
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "OPFORGE_NO_AUTOLOAD": "1"}
+
+    def build(**extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "opforge", "build", str(folder), "--route", "cmake"]
+        return subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, timeout=900)
+
+    res = build(OPFORGE_CXXFLAGS="-DNEEDED_FLAG=1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "  route: cmake (asked for with --route)\n" in res.stdout and "also here" not in res.stdout
+    assert "cmake_flag: " in res.stdout and "(cmake; loaded into torch.ops)" in res.stdout
+    # Unset, the flag is gone from the build folder too (CMake would keep what it first configured with).
+    res = build()
+    assert res.returncode == 1 and "the project needs -DNEEDED_FLAG" in res.stderr, res.stdout + res.stderr
