@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from opforge.builder.archs import cuda_archs, cuda_home, gencode_flags
-from opforge.builder.discover import walk
+from opforge.builder.discover import library_name, walk
 from opforge.builder.errors import BuildError, Diagnostic, parse_diagnostics
 from opforge.builder.jit import BuildConfig, Library, build_library, cache_root, check_safe_to_load, load_library, load_module
 from opforge.builder.stable import FLOOR, target_flag
@@ -34,6 +34,7 @@ __all__ = [
     "csrc_dir",
     "cuda_archs",
     "cuda_home",
+    "env_cxxflags",
     "fast_config",
     "folder_config",
     "gencode_flags",
@@ -105,6 +106,22 @@ def want_cuda(*, stable: bool = False) -> bool:
 _gencode_flags = gencode_flags  # the name tests and older callers use
 
 
+def env_cxxflags() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``OPFORGE_CXXFLAGS``, split at whitespace (torch's ninja file quotes
+    nothing, so a flag holds no space), for every build: the host compiler's
+    extra flags, and those of them nvcc takes too (``-D``, ``-U``, ``-I``: a
+    macro a project needs reaches its .cu files as well). Both are part of the
+    cache key."""
+    flags = tuple(os.environ.get("OPFORGE_CXXFLAGS", "").split())
+    both: list[str] = []
+    for i, f in enumerate(flags):
+        if f.startswith(("-D", "-U", "-I")) and len(f) > 2:
+            both.append(f)
+        elif f in ("-D", "-U", "-I") and i + 1 < len(flags):
+            both += [f, flags[i + 1]]
+    return flags, tuple(both)
+
+
 def op_sources(op_dir: Path, *, with_cuda: bool) -> list[Path]:
     """A folder's sources, in it and in any subfolder (``discover.walk``: build
     outputs, virtualenvs, tests and hidden folders left out): every C++ source
@@ -129,7 +146,8 @@ def folder_config(folder: Path, *, with_cuda: bool | None = None, stable: str | 
     sources = [*tree.cpp, *(tree.cuda if cuda else ())]
     if not sources:
         raise BuildError(f"opforge: no C++ (.cpp, .cc, .cxx){' or CUDA (.cu)' if cuda else ''} source in {folder} or its subfolders")
-    name = "".join(c if c.isalnum() else "_" for c in tree.root.name)
+    name = library_name(tree.root)
+    env_host, env_both = env_cxxflags()
     root = csrc_dir()
     if stable:
         # No OpenMP: a stable library's CPU loops run on torch's thread pool through the shim.
@@ -139,12 +157,12 @@ def folder_config(folder: Path, *, with_cuda: bool | None = None, stable: str | 
         ldflags: tuple[str, ...] = ()
     else:
         flags, ldflags = ("-O3", "-fopenmp"), ("-fopenmp",)
-    flags += ("-DOPFORGE_WITH_CUDA",) if cuda else ()
+    flags += (*(("-DOPFORGE_WITH_CUDA",) if cuda else ()), *env_host)
     cuda_flags: tuple[str, ...] = ()
     archs: tuple[str, ...] = ()
     if cuda:
         archs = cuda_archs()
-        cuda_flags = ("-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs))
+        cuda_flags = ("-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs), *env_both)
         if not stable:
             # The current-stream helper the CUDA launchers of common.h call (ATen's; a stable
             # folder asks the shim for the stream).
@@ -161,6 +179,9 @@ def folder_config(folder: Path, *, with_cuda: bool | None = None, stable: str | 
         with_cuda=cuda,
         cuda_archs=archs,
         stable=stable or "",
+        # TORCH_EXTENSION_NAME is the folder's name, as torch's load(name=) and setuptools give it: a
+        # TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) lands in torch.ops.<folder name>.
+        extension_name=name,
     )
 
 
@@ -193,7 +214,7 @@ def library_config(*, with_cuda: bool | None = None) -> BuildConfig:
     # once, and the CUDA kernels take the other cores.
     unity = tuple(s for s in sources if s.suffix == ".cpp")
     # OPFORGE_CXXFLAGS adds host-compiler flags (part of the cache key).
-    cflags = ["-O3", target_flag(LIBRARY_TARGET), *os.environ.get("OPFORGE_CXXFLAGS", "").split()]
+    cflags = ["-O3", target_flag(LIBRARY_TARGET), *env_cxxflags()[0]]
     cuda_cflags = ["-O3"]
     archs: tuple[str, ...] = ()
     if cuda:
@@ -222,6 +243,6 @@ def fast_config() -> BuildConfig:
         name="opforge_fast",
         sources=(root / "opforge" / "fast_python.cpp",),
         include_dirs=(root,),
-        cflags=("-O3", *os.environ.get("OPFORGE_CXXFLAGS", "").split()),
+        cflags=("-O3", *env_cxxflags()[0]),
         python_module=True,
     )

@@ -77,15 +77,82 @@ def cuda_archs() -> tuple[str, ...]:
     env = parse_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
     if env:
         return env
+    return present_archs() or DEFAULT_ARCHS
+
+
+def present_archs() -> tuple[str, ...]:
+    """The archs of this machine's GPUs, as ``normalise_archs`` gives them; () without any."""
     caps = _nvml_capabilities()
     if caps is None:
         import torch
 
         if torch.cuda.is_available():
             caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
-    if caps:
-        return normalise_archs(f"{ma}.{mi}" for ma, mi in caps)
-    return DEFAULT_ARCHS
+    return normalise_archs(f"{ma}.{mi}" for ma, mi in caps) if caps else ()
+
+
+#: Set to 1 (or true, yes, on): a project's every arch is built, not only this machine's GPUs' (``narrowed``).
+ALL_ARCHS_VAR = "OPFORGE_ALL_ARCHS"
+_GENCODE = ("-gencode", "--generate-code")
+_CODE = re.compile(r"\b(sm|compute)_(\d+)([af]?)\b")
+
+
+def all_archs_asked() -> bool:
+    return os.environ.get(ALL_ARCHS_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _same(a: str, b: str) -> bool:
+    """One GPU generation: 9.0 and 9.0a, 10.0 and 10.0f."""
+    return arch_number(a.rstrip("af")) == arch_number(b.rstrip("af"))
+
+
+def _gencodes(flags: Sequence[str]) -> list[tuple[list[str], str]]:
+    """``flags`` grouped: each ``-gencode`` (``--generate-code``) with its value, one or two
+    tokens, and its value's text; every other flag alone, with ""."""
+    out: list[tuple[list[str], str]] = []
+    i = 0
+    while i < len(flags):
+        f = flags[i]
+        if f in _GENCODE and i + 1 < len(flags):
+            out.append(([f, flags[i + 1]], flags[i + 1]))
+            i += 2
+            continue
+        opt = next((o for o in _GENCODE if f.startswith(o + "=")), None)
+        out.append(([f], f[len(opt) + 1 :] if opt else ""))
+        i += 1
+    return out
+
+
+def _sass(spec: str) -> list[str]:
+    """The archs a -gencode value compiles machine code for: "arch=compute_90a,code=[sm_90a,compute_90a]" gives 9.0a."""
+    code = spec.split("code=", 1)[-1] if "code=" in spec else spec
+    return [f"{int(d[:-1])}.{d[-1]}{x}" for kind, d, x in _CODE.findall(code) if kind == "sm"]
+
+
+def gencode_archs(flags: Sequence[str]) -> tuple[str, ...]:
+    """The archs nvcc ``flags`` compile machine code for, by their -gencode flags, in order."""
+    return tuple(dict.fromkeys(a for _, spec in _gencodes(flags) if spec for a in _sass(spec)))
+
+
+def narrowed(asked: Sequence[str], here: Sequence[str]) -> tuple[str, ...] | None:
+    """The archs of ``asked`` that this machine's GPUs (``here``) are, when every
+    GPU here is one of them and some are not here; None otherwise (nothing to
+    leave out, no GPU here, or a GPU here that none of them is)."""
+    if not here or not all(any(_same(a, h) for a in asked) for h in here):
+        return None
+    kept = tuple(a for a in asked if any(_same(a, h) for h in here))
+    return kept if len(kept) < len(asked) else None
+
+
+def narrow_gencode(flags: Sequence[str], here: Sequence[str]) -> tuple[str, ...]:
+    """``flags`` with only the -gencode flags whose machine code or PTX is for
+    one of ``here``'s archs (the others as they are)."""
+    kept: list[str] = []
+    for group, spec in _gencodes(flags):
+        targets = [f"{int(d[:-1])}.{d[-1]}" for _, d, _ in _CODE.findall(spec)]
+        if not spec or any(_same(t, h) for t in targets for h in here):
+            kept += group
+    return tuple(kept)
 
 
 def _nvml_capabilities() -> set[tuple[int, int]] | None:
@@ -148,14 +215,20 @@ def _main(argv: list[str]) -> int:
 
 
 __all__ = [
+    "ALL_ARCHS_VAR",
     "DEFAULT_ARCHS",
+    "all_archs_asked",
     "arch_covered",
     "arch_number",
     "cuda_archs",
     "cuda_home",
+    "gencode_archs",
     "gencode_flags",
+    "narrow_gencode",
+    "narrowed",
     "normalise_archs",
     "parse_arch_list",
+    "present_archs",
 ]
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The CMake route: a folder's own CMakeLists.txt configured and built into
 the cache, with torch's CMake package found and the same compiler choice as
-the JIT route (a compiler that links libstdc++ statically is replaced)."""
+the JIT route (a compiler that links libstdc++ statically is replaced), and
+``OPFORGE_CXXFLAGS`` as CMAKE_CXX_FLAGS (its -D, -U, -I as CMAKE_CUDA_FLAGS too)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from opforge.builder import toolchain
+from opforge.builder import env_cxxflags, toolchain
 from opforge.builder.errors import BuildError
 from opforge.builder.store import cache_root
 
@@ -54,6 +55,13 @@ def build_cmake(folder: Path, *, say: Callable[[str], None] = print) -> list[Pat
         f"-DPython_EXECUTABLE={sys.executable}",
         f"-DPython3_EXECUTABLE={sys.executable}",
         *compilers,
+    ]
+    # Given at every configure, as CMake would take them from CXXFLAGS and CUDAFLAGS at the first one
+    # only: a flag dropped from OPFORGE_CXXFLAGS must not stay in the build folder's cache.
+    host, both = env_cxxflags()
+    configure += [
+        f"-DCMAKE_CXX_FLAGS={' '.join([*os.environ.get('CXXFLAGS', '').split(), *host])}",
+        f"-DCMAKE_CUDA_FLAGS={' '.join([*os.environ.get('CUDAFLAGS', '').split(), *both])}",
     ]
     for cmd in (configure, ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)]):
         say(f"opforge build: {' '.join(cmd[:2])} ...")

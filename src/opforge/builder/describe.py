@@ -1,13 +1,14 @@
 """What ``opforge build PATH`` says it found, one line each, before anything
 compiles: sources, include folders, binding, route, the precompiled header,
-CUDA (and the CUDA sources that cannot be built here), skipped folders."""
+CUDA (and the CUDA sources that cannot be built here), another framework's
+code left out, skipped folders."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 
-from opforge.builder.discover import Layout, skipped_name
+from opforge.builder.discover import Layout, foreign_name, library_name, skipped_name
 from opforge.builder.user_pch import plan
 
 
@@ -42,7 +43,9 @@ def describe(layout: Layout, *, route: str, cuda_reason: str | None, cuda_archs:
     listed = _listed([tree.rel(s) for s in tree.sources])
     lines.append(f"  sources: {len(tree.sources)} ({kinds}): {listed}" if tree.sources else "  sources: none")
     lines.append(f"  include: {_listed([tree.rel(d) for d in tree.include_dirs])}")
-    lines.append(f"  binding: {layout.binding.summary(tree)}")
+    # What the build defines TORCH_EXTENSION_NAME as, where one name is built (setup.py names one per extension).
+    named = {"jit": library_name(tree.root), "setuptools": library_name(tree.root), "package": "_C"}.get(route, "")
+    lines.append(f"  binding: {layout.binding.summary(tree, named)}")
     if layout.package is not None and route == "package":
         p = layout.package
         made = "" if layout.binding.pyinit_c else " (no source defines PyInit__C: an empty one is added, so the import loads it)"
@@ -51,8 +54,8 @@ def describe(layout: Layout, *, route: str, cuda_reason: str | None, cuda_archs:
     lines.append(f"  route: {route} ({how})")
     if route in ("jit", "pybind", "package") and cpp:
         lines.append(f"  precompiled header: {plan(cpp, tree.include_dirs).summary(tree.root, len(cpp))}")
-    if layout.other_routes():
-        lines.append(f"  also here: {', '.join(layout.other_routes())}")
+    if layout.other_routes(route):
+        lines.append(f"  also here: {', '.join(layout.other_routes(route))}")
     if route == "cmake":
         lines.append("  CUDA: as CMakeLists.txt says")
     elif not cuda:
@@ -62,6 +65,9 @@ def describe(layout: Layout, *, route: str, cuda_reason: str | None, cuda_archs:
     else:
         lines.append(f"  CUDA: no ({cuda_reason})")
         lines.append(f"  left out: {_listed([tree.rel(s) for s in cuda])} ({cuda_reason})")
+    if tree.foreign:
+        shown = _listed([foreign_name(tree, f) for f in tree.foreign], most=4)
+        lines.append(f"  left out, not PyTorch code: {shown}")
     if tree.skipped:
         lines.append(f"  skipped: {_listed([skipped_name(tree, s) for s in tree.skipped])}")
     return lines

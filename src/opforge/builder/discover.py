@@ -7,19 +7,22 @@ package whose ``__init__`` imports a compiled ``_C``, a pybind11 module, a
 include folders, ``discover`` reads how the code binds to Python or torch and
 picks the route (``opforge.builder.describe`` says all of it in a few lines,
 CUDA sources that cannot be built here included). Nothing here compiles anything.
+Another framework's code kept beside the PyTorch code (a ``tensorflow/`` folder)
+is left out and said (``opforge.builder.foreign``).
 
 The package route's build is ``opforge.builder.package``'s.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
 import re
-import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
+
+from opforge.builder.foreign import Foreign, find_foreign
+from opforge.builder.package_init import Package, extension_suffix, imports_c
 
 CPP_SUFFIXES = (".cpp", ".cc", ".cxx")
 CUDA_SUFFIXES = (".cu",)
@@ -44,6 +47,10 @@ _TORCH_LIBRARY = re.compile(
     r"\b(?:STABLE_)?TORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\(\s*(?P<ns>[A-Za-z_]\w*)\s*(?:,\s*(?P<key>[A-Za-z_]\w*)\s*)?,"
 )
 _PYINIT_C = re.compile(r"\bPyInit__C\b")
+# The registration API before TORCH_LIBRARY: torch::RegisterOperators("ns::op(...) -> ...", &fn), its .op(...)
+# chains and c10::RegisterOperators::options().schema("ns::op"); a statement runs to its ";".
+_REGISTER_OPERATORS = re.compile(r"\bRegisterOperators\b[^;]*", re.S)
+_QUALIFIED_OP = re.compile(r'"\s*([A-Za-z_]\w*)::([A-Za-z_]\w*)')
 _SETUP_EXTENSION = re.compile(r"\b(?:CppExtension|CUDAExtension)\b")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # [torch], [torch.<key>] or [kernel.<name>] at the start of a line: a kernel-builder build.toml.
@@ -83,6 +90,8 @@ class Tree:
     include_named: tuple[Path, ...]  # folders named include/, sorted
     skipped: tuple[Path, ...]  # folders left out, each once (not what is below them)
     vendored_include: tuple[Path, ...] = ()  # include/ folders inside vendored folders, sorted
+    # Another framework's code (a tensorflow/ folder beside pytorch/): left out, said by describe.
+    foreign: tuple[Foreign, ...] = ()
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -113,6 +122,8 @@ def walk(root: Path) -> Tree:
     virtualenvs, tests, caches and hidden folders are skipped (``skip_reason``),
     and so are vendored libraries (``third_party/``, ``vendor/``...), whose
     include/ folders are kept for the include path (``vendored_include``).
+    Another framework's code (``opforge.builder.foreign``) is left out, its
+    headers' folders too, and listed in ``foreign``.
     ``root`` itself is never skipped, whatever its name."""
     root = Path(root).resolve()
     sources: list[Path] = []
@@ -142,13 +153,21 @@ def walk(root: Path) -> Tree:
     def by_rel(p: Path) -> str:
         return p.relative_to(root).as_posix()
 
+    foreign = find_foreign(root, sources)
+    left_out = {s for f in foreign for s in f.sources}
+    folders = [f.path for f in foreign if f.path.is_dir()]
+
+    def kept(paths: list[Path]) -> tuple[Path, ...]:
+        return tuple(sorted((p for p in paths if p not in left_out and not any(p.is_relative_to(f) for f in folders)), key=by_rel))
+
     return Tree(
         root=root,
-        sources=tuple(sorted(sources, key=by_rel)),
-        header_dirs=tuple(sorted(header_dirs, key=by_rel)),
-        include_named=tuple(sorted(include_named, key=by_rel)),
+        sources=kept(sources),
+        header_dirs=kept(header_dirs),
+        include_named=kept(include_named),
         skipped=tuple(sorted(skipped, key=by_rel)),
         vendored_include=tuple(sorted(set(vendored_include), key=by_rel)),
+        foreign=tuple(foreign),
     )
 
 
@@ -228,21 +247,37 @@ class Binding:
     pybind: tuple[PybindModule, ...] = ()
     # A source defines PyInit__C itself: the library is importable as a module named _C.
     pyinit_c: bool = False
+    # Per namespace, the operators registered with torch::RegisterOperators (the API before TORCH_LIBRARY).
+    registered: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def torch_library(self) -> bool:
-        return bool(self.namespaces or self.impls)
+        """Operators for torch.ops: TORCH_LIBRARY and its kin, or torch::RegisterOperators."""
+        return bool(self.namespaces or self.impls or self.registered)
 
-    def summary(self, tree: Tree) -> str:
+    def operator_namespaces(self, extension_name: str = "") -> list[str]:
+        """Every namespace the sources register operators in, TORCH_EXTENSION_NAME
+        as ``extension_name`` (what the build defines it as) where given."""
+        found = {*self.namespaces, *self.impls, *self.registered}
+        if extension_name and "TORCH_EXTENSION_NAME" in found:
+            found = (found - {"TORCH_EXTENSION_NAME"}) | {extension_name}
+        return sorted(found)
+
+    def summary(self, tree: Tree, extension_name: str = "") -> str:
         parts = []
         for ns in sorted({*self.namespaces, *self.impls}):
             keys = self.impls.get(ns, ())
             what = "TORCH_LIBRARY" if ns in self.namespaces else "TORCH_LIBRARY_IMPL"
-            parts.append(f"{what} {ns}" + (f" (kernels: {', '.join(keys)})" if keys else ""))
+            notes = [f"kernels: {', '.join(keys)}"] if keys else []
+            if ns == "TORCH_EXTENSION_NAME" and extension_name:
+                ns, notes = extension_name, ["TORCH_EXTENSION_NAME, the library's name", *notes]
+            parts.append(f"{what} {ns}" + (f" ({'; '.join(notes)})" if notes else ""))
+        for ns, ops in self.registered.items():
+            parts.append(f"torch::RegisterOperators {ns} ({len(ops)} operator{'s' if len(ops) != 1 else ''})")
         parts += [f"pybind11 module, PYBIND11_MODULE({p.name}, {p.var}) at {tree.rel(p.file)}:{p.line}" for p in self.pybind]
         if self.pyinit_c:
             parts.append("PyInit__C")
-        return "; ".join(parts) or "none found (no TORCH_LIBRARY or PYBIND11_MODULE in the sources)"
+        return "; ".join(parts) or "none found (no TORCH_LIBRARY, torch::RegisterOperators or PYBIND11_MODULE in the sources)"
 
 
 def read_binding(files: Iterable[Path]) -> Binding:
@@ -250,8 +285,15 @@ def read_binding(files: Iterable[Path]) -> Binding:
     impls: dict[str, set[str]] = {}
     pybind: list[PybindModule] = []
     pyinit = False
+    registered: dict[str, set[str]] = {}
     for f in files:
-        code = _code(f.read_text(errors="replace"))
+        text = f.read_text(errors="replace")
+        code = _code(text)
+        if "RegisterOperators" in code:
+            # The schema strings name the operators: read from the text with its literals, not its comments.
+            for statement in _REGISTER_OPERATORS.finditer(strip_comments(text)):
+                for ns, op in _QUALIFIED_OP.findall(statement[0]):
+                    registered.setdefault(ns, set()).add(op)
         for m in _TORCH_LIBRARY.finditer(code):
             if m["kind"] == "_IMPL":
                 if m["key"]:
@@ -266,66 +308,11 @@ def read_binding(files: Iterable[Path]) -> Binding:
         impls={ns: tuple(sorted(keys)) for ns, keys in sorted(impls.items())},
         pybind=tuple(pybind),
         pyinit_c=pyinit,
+        registered={ns: tuple(sorted(ops)) for ns, ops in sorted(registered.items())},
     )
 
 
 # --------------------------------------------------------------- the package
-
-
-@dataclasses.dataclass(frozen=True)
-class Package:
-    """A Python package whose ``__init__.py`` imports a compiled ``_C``."""
-
-    name: str
-    directory: Path
-    statement: str  # the import, as written
-    line: int
-
-    def target(self) -> Path:
-        """Where ``build_ext --inplace`` puts the library: ``<package>/_C<EXT_SUFFIX>``."""
-        return self.directory / f"_C{extension_suffix()}"
-
-
-def extension_suffix() -> str:
-    """This Python's suffix for extension modules (".cpython-311-x86_64-linux-gnu.so")."""
-    return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-
-
-def imports_c(init: Path, package: str) -> tuple[str, int] | None:
-    """How ``init`` (a package's ``__init__.py``) brings in its compiled ``_C``:
-    the statement and its line, or None. ``from . import _C``, ``from ._C import f``,
-    ``import pkg._C``, ``from pkg import _C``, ``importlib.import_module`` of it,
-    or ``torch.ops.load_library`` of a path that names ``_C``."""
-    text = init.read_text(errors="replace")
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        # Still recognised by its words: the build comes first, the import's error later.
-        for i, line in enumerate(text.splitlines(), 1):
-            if re.search(r"\bimport\s+(?:[\w.]+\s*,\s*)*_C\b|\b_C\b.*\bimport\b|load_library\(.*_C", line):
-                return line.strip(), i
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            names = {a.name for a in node.names}
-            relative = node.level == 1 and ((node.module is None and "_C" in names) or node.module == "_C")
-            absolute = node.level == 0 and ((node.module == package and "_C" in names) or node.module == f"{package}._C")
-            if relative or absolute:
-                return _statement(text, node), node.lineno
-        elif isinstance(node, ast.Import) and any(a.name == f"{package}._C" for a in node.names):
-            return _statement(text, node), node.lineno
-        elif isinstance(node, ast.Call):
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            if called in ("load_library", "import_module") and "_C" in (ast.get_source_segment(text, node) or ""):
-                return _statement(text, node), node.lineno
-    return None
-
-
-def _statement(text: str, node: ast.AST) -> str:
-    """The node's source on one line, cut at 80 characters (it is quoted in one line of output)."""
-    segment = " ".join((ast.get_source_segment(text, node) or "").split())
-    return segment if len(segment) <= 80 else segment[:77] + "..."
 
 
 def find_packages(root: Path) -> list[Package]:
@@ -362,14 +349,15 @@ class Layout:
     def root(self) -> Path:
         return self.tree.root
 
-    def other_routes(self) -> list[str]:
-        """Build files the chosen route does not use, each with the flag that would."""
+    def other_routes(self, route: str = "") -> list[str]:
+        """Build files the route taken (``route``, else the one found) does not use, each with the flag that would."""
+        route = route or self.route
         also = []
-        if self.setup_py is not None and self.route not in ("setup.py", "setuptools"):
+        if self.setup_py is not None and route not in ("setup.py", "setuptools"):
             also.append("setup.py (--route setup.py)")
-        if self.package is not None and self.route != "package":
+        if self.package is not None and route != "package":
             also.append(f"a package importing _C, {self.package.name} (--route package)")
-        if self.cmakelists is not None and self.route != "cmake":
+        if self.cmakelists is not None and route != "cmake":
             also.append("CMakeLists.txt (--route cmake)")
         return also
 
@@ -402,6 +390,8 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     build_toml = find_build_toml(root)
     if not tree.sources and setup_py is None and cmakelists is None and build_toml is None:
         skipped = f" (skipped: {', '.join(skipped_name(tree, s) for s in tree.skipped)})" if tree.skipped else ""
+        if tree.foreign:
+            skipped += f" (left out, not PyTorch code: {', '.join(foreign_name(tree, f) for f in tree.foreign)})"
         raise DiscoveryError(
             f"{given}: nothing to build: no C++ (.cpp, .cc, .cxx) or CUDA (.cu) source in it or its subfolders{skipped}, "
             "and no setup.py or CMakeLists.txt"
@@ -425,7 +415,8 @@ def discover(path: str | os.PathLike[str]) -> Layout:
         route = "package"
         why = f"{package.name}/__init__.py imports _C: its library is built in place, as {tree.rel(package.target())}"
     elif binding.torch_library:
-        route, why = "jit", "TORCH_LIBRARY operators: built into the cache, then loaded for torch.ops"
+        api = "TORCH_LIBRARY" if binding.namespaces or binding.impls else "torch::RegisterOperators"
+        route, why = "jit", f"{api} operators: built into the cache, then loaded for torch.ops"
     elif te_name:
         route, why = "pybind", "a pybind11 module: built into the cache and imported"
     elif cmakelists is not None:
@@ -448,6 +439,17 @@ def find_build_toml(root: Path) -> Path | None:
         return path if _KERNEL_BUILDER_SECTION.search(path.read_text(errors="replace")) else None
     except OSError:
         return None
+
+
+def library_name(root: Path) -> str:
+    """The name a folder's library is built under (and TORCH_EXTENSION_NAME, as
+    torch's ``load(name=)`` takes it): the folder's name, made an identifier."""
+    return "".join(c if c.isalnum() else "_" for c in root.name)
+
+
+def foreign_name(tree: Tree, found: Foreign) -> str:
+    """Another framework's folder or source as ``describe`` names it, with why it is that framework's."""
+    return f"{tree.rel(found.path)}{'/' if found.path.is_dir() else ''} ({found.framework}: {found.evidence})"
 
 
 def skipped_name(tree: Tree, folder: Path) -> str:
@@ -474,9 +476,11 @@ __all__ = [
     "extension_suffix",
     "find_build_toml",
     "find_packages",
+    "foreign_name",
     "headers_under",
     "imports_c",
     "include_folders",
+    "library_name",
     "pybind_modules",
     "read_binding",
     "skip_reason",

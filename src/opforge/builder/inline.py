@@ -25,13 +25,20 @@ from pathlib import Path
 
 import torch
 
-from opforge.builder import build_cuda_flag, cuda_archs, gencode_flags, want_cuda
+from opforge.builder import build_cuda_flag, cuda_archs, env_cxxflags, gencode_flags, want_cuda
 from opforge.builder.discover import pybind_modules, strip_comments, walk
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig, Library, cache_root, load_library, load_module
 from opforge.builder.user_pch import with_torch_pch
 
-__all__ = ["build_pybind_folder", "inline", "inline_config", "pybind_folder_config", "pybind_instead_of_torch_library"]
+__all__ = [
+    "build_pybind_folder",
+    "inline",
+    "inline_config",
+    "pybind_folder_config",
+    "pybind_instead_of_torch_library",
+    "undefined_symbol_error",
+]
 
 Functions = str | Sequence[str] | Mapping[str, str]
 
@@ -144,12 +151,13 @@ def inline_config(
         files[f"{name}.cu"] = _generated(name, "cuda", cuda, _CUDA_PRELUDE if implicit_headers else (), [])
     directory = _write_sources(name, files)
 
-    cflags = ["-O3", *extra_cflags]
+    env_host, env_both = env_cxxflags()  # OPFORGE_CXXFLAGS, after what the call passes
+    cflags = ["-O3", *extra_cflags, *env_host]
     cuda_cflags: list[str] = []
     archs: tuple[str, ...] = ()
     if cuda_on:
         archs = cuda_archs()
-        cuda_cflags = ["-O3", *gencode_flags(archs), *extra_cuda_cflags]
+        cuda_cflags = ["-O3", *gencode_flags(archs), *extra_cuda_cflags, *env_both]
     cfg = BuildConfig(
         name=name,
         sources=tuple(directory / f for f in files),
@@ -187,8 +195,7 @@ def build_pybind_folder(
     """
     cfg = pybind_folder_config(path, name, with_cuda=with_cuda, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags)
     tree = walk(Path(path))
-    left_out = [] if cfg.with_cuda else [tree.rel(p) for p in tree.cuda]
-    module, _ = _load(cfg, quiet=quiet, left_out=left_out)
+    module, _ = _load(cfg, quiet=quiet, left_out=() if cfg.with_cuda else tree.cuda, root=tree.root)
     assert module is not None
     return module
 
@@ -227,13 +234,14 @@ def pybind_folder_config(
         raise BuildError(f"opforge: {name}: no C++ (.cpp, .cc, .cxx) file in {folder} or its subfolders")
     _check_pybind_module(name, folder, [*sources, *tree.headers()])
 
-    cflags = ["-O3", *extra_cflags]
+    env_host, env_both = env_cxxflags()  # OPFORGE_CXXFLAGS, after what the call passes
+    cflags = ["-O3", *extra_cflags, *env_host]
     cuda_cflags: list[str] = []
     archs: tuple[str, ...] = ()
     if cuda_on:
         archs = cuda_archs()
         cflags.append("-DOPFORGE_WITH_CUDA")
-        cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs), *extra_cuda_cflags]
+        cuda_cflags = ["-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs), *extra_cuda_cflags, *env_both]
     cfg = BuildConfig(
         name=name,
         sources=tuple(sources),
@@ -341,7 +349,7 @@ def pybind_instead_of_torch_library(folder: Path) -> str:
     tree = walk(folder)
     files = [*tree.sources, *tree.headers()]
     texts = {f: strip_comments(f.read_text(errors="replace")) for f in files}
-    if any("TORCH_LIBRARY" in t for t in texts.values()):
+    if any("TORCH_LIBRARY" in t or "RegisterOperators" in t for t in texts.values()):
         return ""
     found = [(f, *m) for f in files for m in pybind_modules(texts[f])]
     if not found:
@@ -384,39 +392,86 @@ def _check_pybind_module(name: str, folder: Path, files: Sequence[Path]) -> None
         raise BuildError(f"opforge: {name}: PYBIND11_MODULE appears {len(found)} times ({where}); one module has exactly one")
 
 
-def _load(cfg: BuildConfig, *, quiet: bool, left_out: Sequence[str] = ()) -> tuple[types.ModuleType | None, Library]:
+def _load(
+    cfg: BuildConfig, *, quiet: bool, left_out: Sequence[Path] = (), root: Path | None = None
+) -> tuple[types.ModuleType | None, Library]:
     """load_module or load_library, with an undefined symbol explained."""
     try:
         if not cfg.python_module:
             return None, load_library(cfg, quiet=quiet)
         module, lib = load_module(cfg, quiet=quiet)
     except (BuildError, OSError) as exc:
-        symbol = _undefined_symbol(exc)
-        if symbol is None:
-            raise
-        if left_out:
-            why = (
-                f"the folder's CUDA files ({', '.join(left_out)}) were left out because {_why_no_cuda()}. Build it where CUDA is "
-                "available, or give the .cpp a CPU path under #ifndef OPFORGE_WITH_CUDA"
-            )
-        else:
-            why = (
-                "none of the sources defines it: a function declared but never written (a name in functions=, a CUDA launcher "
-                "declared in cpp= with no cuda= source), or a library missing from the link"
-            )
         # Without this, load_module blames the PYBIND11_MODULE name, or torch's loader names only the file.
-        raise BuildError(f"opforge: {cfg.name}: the built library needs `{symbol}`, but {why}") from exc
+        explained = undefined_symbol_error(cfg.name, exc, left_out, root=root)
+        if explained is None:
+            raise
+        raise explained from exc
     return module, lib
 
 
-def _undefined_symbol(exc: BaseException) -> str | None:
+def undefined_symbol_error(
+    name: str, failure: BaseException | str, left_out: Sequence[Path], *, root: Path | None = None, macro: str = "OPFORGE_WITH_CUDA"
+) -> BuildError | None:
+    """A load of ``name``'s library that failed on an undefined symbol, as an
+    error that names the symbol and why it is missing: the source among
+    ``left_out`` (the CUDA sources this machine did not build) that defines
+    it, or none of the sources; None when ``failure`` is about something else.
+    ``macro``: what the build defines only with CUDA, for a CPU path ("" for none)."""
+    symbol = _undefined_symbol(failure)
+    if symbol is None:
+        return None
+    if left_out:
+
+        def shown(p: Path) -> str:
+            return p.relative_to(root).as_posix() if root is not None and p.is_relative_to(root) else str(p)
+
+        definer = _defined_in(symbol, left_out)
+        what = f"{shown(definer)} defines it" if definer else f"the CUDA sources ({', '.join(shown(p) for p in left_out)}) would"
+        fix = f", or compile the C++ that calls it only under #ifdef {macro} (defined where the .cu files are built)" if macro else ""
+        why = f"{what}, and {'it was' if definer else 'they were'} left out because {_why_no_cuda()}. Build it where CUDA is available{fix}"
+    else:
+        why = (
+            "none of the sources defines it: a function declared but never written (a name in functions=, a CUDA launcher "
+            "declared in cpp= with no cuda= source), or a library missing from the link"
+        )
+    return BuildError(f"opforge: {name}: the built library needs `{symbol}`, but {why}")
+
+
+def _undefined_symbol(failure: BaseException | str) -> str | None:
     """The symbol a failed load reports as undefined, demangled when c++filt is there."""
-    seen: BaseException | None = exc
+    if isinstance(failure, str):
+        m = re.search(r"undefined symbol: (\S+)", failure)
+        return _demangle(m[1]) if m else None
+    seen: BaseException | None = failure
     while seen is not None:
         m = re.search(r"undefined symbol: (\S+)", str(seen))
         if m:
             return _demangle(m[1])
         seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _defined_in(symbol: str, sources: Sequence[Path]) -> Path | None:
+    """The first of ``sources`` whose code defines the function ``symbol`` (demangled, or
+    its mangled name's last part) names: ``name(...) {``, templates and qualifiers aside."""
+    if symbol.startswith("_Z"):  # c++filt was not there: the length-prefixed names, the last one
+        parts, rest = [], symbol[2:].lstrip("N")
+        while (m := re.match(r"(\d+)", rest)) and len(rest) > len(m[1]):
+            n = int(m[1])
+            parts.append(rest[len(m[1]) : len(m[1]) + n])
+            rest = rest[len(m[1]) + n :]
+        base = parts[-1] if parts else ""
+    else:
+        base = re.sub(r"<.*>", "", symbol.split("(", 1)[0]).rsplit("::", 1)[-1].strip()
+    if not _IDENTIFIER.fullmatch(base or "-"):
+        return None
+    definition = re.compile(rf"\b{re.escape(base)}\s*(?:<[^;{{}}]*>)?\s*\([^;{{}}]*\)\s*(?:const\s*)?(?:noexcept\s*)?\{{")
+    for source in sources:
+        try:
+            if definition.search(strip_comments(source.read_text(errors="replace"))):
+                return source
+        except OSError:
+            continue
     return None
 
 

@@ -26,7 +26,7 @@ import stat
 import sys
 import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -95,7 +95,8 @@ class BuildConfig:
         """The sources' and headers' contents alone: what a prebuilt library
         records, so that an editable install notices edited sources."""
         h = hashlib.sha256()
-        for path in sorted(set(self.sources) | set(_headers(self.include_dirs))):
+        # Headers below an include folder as the source walk finds them: build outputs, virtualenvs, tests left out.
+        for path in sorted(set(self.sources) | set(headers_under(self.include_dirs))):
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes())
         return h.hexdigest()
@@ -124,16 +125,10 @@ class BuildConfig:
         if not contents:
             put(*sorted(str(s) for s in self.sources), "|", *sorted(str(d) for d in self.include_dirs))
             return h.hexdigest()
-        for path in sorted(set(self.sources) | set(_headers(self.include_dirs))):
+        for path in sorted(set(self.sources) | set(headers_under(self.include_dirs))):
             put(path.name)
             h.update(path.read_bytes())
         return h.hexdigest()
-
-
-def _headers(include_dirs: Sequence[Path]) -> list[Path]:
-    # Build outputs, virtualenvs, tests and hidden folders below an include
-    # folder are left out, as the source walk leaves them out.
-    return headers_under(include_dirs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,6 +324,9 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
             log = objects / "build.log"
             log.write_text(str(exc))
             raise explain_build_failure(cfg.name, str(exc), log) from None
+        except OSError:  # built, but torch's load of it failed (an undefined symbol): the caller's load says why
+            if not (objects / f"{so_name}.so").is_file():
+                raise
     seconds = time.perf_counter() - start
     progress.stop(ok=True, seconds=seconds)
     _check_shared_libstdcxx(objects / f"{so_name}.so", tc.cxx.use)

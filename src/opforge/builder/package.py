@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opforge.builder.discover import DiscoveryError, Layout, Package
 
@@ -46,7 +47,7 @@ def package_config(layout: Layout, *, with_cuda: bool | None = None) -> BuildCon
     (TORCH_EXTENSION_NAME too, so a ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``
     defines PyInit__C), with an empty PyInit__C added where no source defines one.
     A pybind11 module with another name is refused: Python would not find its init."""
-    from opforge.builder import BuildError, cache_root, cuda_archs, gencode_flags, want_cuda
+    from opforge.builder import BuildError, cache_root, cuda_archs, env_cxxflags, gencode_flags, want_cuda
     from opforge.builder.jit import BuildConfig
     from opforge.builder.user_pch import with_torch_pch
 
@@ -67,14 +68,15 @@ def package_config(layout: Layout, *, with_cuda: bool | None = None) -> BuildCon
         raise BuildError(f"opforge: {package.name}: no C++ source to build under {layout.root}, and CUDA sources cannot be built here")
     if not layout.binding.pyinit_c and not any(p.name in ("TORCH_EXTENSION_NAME", "_C") for p in layout.binding.pybind):
         sources.append(write_generated(cache_root(), "pyinit", "pyinit.cpp", _PYINIT))
-    flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()))
+    env_host, env_both = env_cxxflags()
+    flags = ("-O3", "-fopenmp", *(("-DOPFORGE_WITH_CUDA",) if cuda else ()), *env_host)
     archs = cuda_archs() if cuda else ()
     cfg = BuildConfig(
         name=f"{package.name}_C",
         sources=tuple(sources),
         include_dirs=tree.include_dirs,
         cflags=flags,
-        cuda_cflags=("-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs)) if cuda else (),
+        cuda_cflags=("-O3", "-DOPFORGE_WITH_CUDA", *gencode_flags(archs), *env_both) if cuda else (),
         ldflags=("-fopenmp",),
         with_cuda=cuda,
         cuda_archs=archs,
@@ -125,44 +127,50 @@ def place_library(library: Path, target: Path) -> tuple[Path, bool]:
     return target, True
 
 
-# Run as `python -c _IMPORT MODULE LIBRARY NS...` from the import root: the
-# package first and torch after, as its users will (an __init__ that loads _C
-# before importing torch fails for them: libc10.so not found), then the module
-# itself, or, for a library with no module init, its load into torch.ops.
+# Run as `python -c _IMPORT MODULES_JSON NS...` from the first import root: torch first, as
+# every user of a torch extension imports it (a module that links libc10 without an rpath loads
+# only then), then each module's top-level package (an __init__ that loads every extension of
+# the package needs all of them in place, which they are by now), then each module itself, or,
+# for a library with no module init, its load into torch.ops.
 _IMPORT = """
-import importlib, sys
-name, library, ns = sys.argv[1], sys.argv[2], set(sys.argv[3:])
-importlib.import_module(name.split('.')[0])
+import importlib, json, sys
 import torch
-if name not in sys.modules:
+modules, ns = json.loads(sys.argv[1]), set(sys.argv[2:])
+for name, _ in modules:
+    if '.' in name:
+        importlib.import_module(name.split('.')[0])
+for name, library in modules:
+    if name in sys.modules:
+        continue
     try:
         importlib.import_module(name)
     except ImportError as exc:
         if 'module export function' not in str(exc):
             raise
         torch.ops.load_library(library)
-print('\\n'.join(sorted(n for n in torch._C._dispatch_get_all_op_names() if n.split('::')[0] in ns)))
+ops = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.split('::')[0] in ns)
+names = {n: sorted(a for a in dir(sys.modules[n]) if not a.startswith('_')) for n, _ in modules if n in sys.modules}
+print(json.dumps({'ops': ops, 'names': names}))
 """
 
 IMPORT_TIMEOUT_S = 300.0
 
 
-def try_import(module: str, where: Path, library: Path, namespaces: Sequence[str]) -> tuple[bool, list[str] | str]:
-    """Imports ``module`` in a new process from ``where`` (put on PYTHONPATH),
-    as its user will: (True, the operators it registered in ``namespaces``) or
-    (False, the end of its error, with a hint where the cause is known)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(where), os.environ.get("PYTHONPATH")) if p)}
-    cmd = [sys.executable, "-c", _IMPORT, module, str(library), *namespaces]
+def try_import(modules: Sequence[tuple[str, Path]], where: Sequence[Path], namespaces: Sequence[str]) -> tuple[bool, dict[str, Any] | str]:
+    """Imports each of ``modules`` (name, its library) in one new process, with
+    ``where`` (the folders they import from) on PYTHONPATH, as their users will,
+    after every library is in place: (True, the operators they registered in
+    ``namespaces`` and, per module, its public names) or (False, the end of the error)."""
+    path = [str(w) for w in dict.fromkeys(where)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (*path, os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-c", _IMPORT, json.dumps([[m, str(lib)] for m, lib in modules]), *namespaces]
     try:
-        res = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=IMPORT_TIMEOUT_S)
+        res = subprocess.run(cmd, cwd=path[0], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=IMPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return False, f"the import did not finish within {IMPORT_TIMEOUT_S:.0f} s"
     if res.returncode == 0:
-        return True, res.stdout.split()
-    tail = "\n".join(_own_frames(res.stderr.strip().splitlines())[-12:])
-    if "libc10.so" in res.stderr or "libtorch" in res.stderr:
-        tail += f"\n{module.split('.')[0]} must `import torch` before it imports its compiled module: torch's libraries load with it"
-    return False, tail
+        return True, json.loads(res.stdout.strip().splitlines()[-1])
+    return False, "\n".join(_own_frames(res.stderr.strip().splitlines())[-12:])
 
 
 def _own_frames(lines: list[str]) -> list[str]:

@@ -14,9 +14,9 @@ class Progress:
     def __init__(self, objects: Path, name: str, n_units: int, n_sources: int, *, quiet: bool) -> None:
         self.objects = objects
         self.name = name
-        self.total = n_units + 1  # at most one compile per translation unit, then the link
+        self.total = n_units  # one compile per translation unit; the link after them is not counted
         self.n_sources = n_sources
-        self._before = 0
+        self._before = 0  # compiles an earlier build logged: an incremental build appends to the log
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self._done = threading.Event()
@@ -25,27 +25,36 @@ class Progress:
 
     def start(self) -> None:
         if not self.quiet:
-            self._before = self._steps()  # an incremental build appends to the log
-            units = f" in {self.total - 1} compile jobs" if self.total - 1 != self.n_sources else ""
+            self._before = self._compiled()
+            units = f" in {self.total} compile jobs" if self.total != self.n_sources else ""
+            sources = f"{self.n_sources} source{'s' if self.n_sources != 1 else ''}"
             print(
-                f"opforge: building {self.name} ({self.n_sources} sources{units}, unchanged ones reused)...",
+                f"opforge: building {self.name} ({sources}{units}, unchanged ones reused)...",
                 file=sys.stderr,
                 flush=True,
             )
             self._thread.start()
 
-    def _steps(self) -> int:
+    def _compiled(self) -> int:
+        """The compile steps (an object file's) ninja's log holds: "start end mtime output hash" a line."""
         try:
             lines = (self.objects / ".ninja_log").read_text().splitlines()
         except OSError:
             return 0
-        return sum(1 for ln in lines if ln and not ln.startswith("#"))
+        return sum(1 for ln in lines if not ln.startswith("#") and len(f := ln.split("\t")) > 3 and f[3].endswith(".o"))
+
+    def status(self, elapsed: float) -> str:
+        """The progress line: "[k/N]", k of the N translation units compiled (the
+        link is not one of them), and the build's name, as the builds of a
+        setup.py's extensions run at once (opforge.builder.parallel)."""
+        done = max(0, min(self.total, self._compiled() - self._before))  # ninja may recompact its log
+        return f"opforge: compiling {self.name} [{done}/{self.total}] {elapsed:4.0f} s"
 
     def _run(self) -> None:
         last_print = 0.0
         while not self._done.wait(0.5):
             elapsed = time.perf_counter() - self._start
-            line = f"opforge: compiling [{self._steps() - self._before}/{self.total}] {elapsed:4.0f} s"
+            line = self.status(elapsed)
             if self.tty:
                 print("\r" + line, end="", file=sys.stderr, flush=True)
             elif elapsed - last_print >= 10:

@@ -151,13 +151,14 @@ def registration_clashes(path: Path) -> list[tuple[str, list[str], str | None]]:
 
 def registers_nothing(path: Path, ops_before: set[str]) -> bool:
     """Whether a library just loaded registered nothing: no TORCH_LIBRARY,
-    fragment or impl in its symbols, or (stripped) no operator new since
-    ``ops_before`` (``torch._C._dispatch_get_all_op_names()`` before loading it)."""
+    fragment or impl in its symbols and no operator new since ``ops_before``
+    (``torch._C._dispatch_get_all_op_names()`` before loading it): operators
+    registered with torch::RegisterOperators, the API before TORCH_LIBRARY,
+    leave no symbol of their own."""
     import torch
 
-    regs = torch_library_registrations(path)
-    if regs is not None:
-        return not regs
+    if torch_library_registrations(path):
+        return False
     return set(torch._C._dispatch_get_all_op_names()) <= ops_before
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
 from opforge.builder.jit import BuildConfig
+from opforge.builder.package_init import abi3_suffix
 
 #: A setup.py only declares: a minute covers importing torch on a loaded machine.
 READ_TIMEOUT_S = 120.0
@@ -85,6 +86,8 @@ seen = {}
 
 def setup(*args, **kwargs):
     seen["kwargs"] = kwargs
+    # As the setup.py left it: some set the archs they build for themselves.
+    seen["arch_list"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
     raise _Read
 
 
@@ -127,9 +130,10 @@ for ext in kwargs.get("ext_modules") or []:
         "library_dirs": [str(d) for d in ext.library_dirs or []],
         "runtime_library_dirs": [str(d) for d in ext.runtime_library_dirs or []],
         "extra_objects": [str(o) for o in ext.extra_objects or []],
+        "py_limited_api": bool(getattr(ext, "py_limited_api", False)),
     })
 package_dir = {str(k): str(v) for k, v in (kwargs.get("package_dir") or {}).items()}
-json.dump({"setup_called": True, "extensions": found, "package_dir": package_dir}, open(out, "w"))
+json.dump({"setup_called": True, "extensions": found, "package_dir": package_dir, "arch_list": seen["arch_list"]}, open(out, "w"))
 '''
 
 
@@ -151,6 +155,10 @@ class SetupExtension:
     runtime_library_dirs: tuple[str, ...] = ()
     extra_objects: tuple[Path, ...] = ()
     dlink: bool = False
+    # On Python's limited API: setuptools names its file <module>.abi3.so.
+    py_limited_api: bool = False
+    # TORCH_CUDA_ARCH_LIST as the setup.py left it ("" unset), which torch's BuildExtension builds for.
+    arch_list: str = ""
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -179,6 +187,7 @@ class SetupExtension:
             ("nvcc flags", " ".join(self.nvcc_flags)),
             ("libraries", " ".join([*self.libraries, *(rel(o) for o in self.extra_objects)])),
             ("link flags", " ".join(self.extra_link_args)),
+            ("py_limited_api", "yes (Python's limited API: the file is named .abi3.so)" if self.py_limited_api else ""),
         ]
         lines += [f"    {what}: {value}" for what, value in parts if value]
         return lines
@@ -231,11 +240,11 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
         raise DiscoveryError(f"{setup_py} ran to its end without calling setuptools.setup(): there is nothing to read")
     if not found["extensions"]:
         raise DiscoveryError(f"{setup_py} calls setup() with no ext_modules: it declares no extension to build")
-    extensions = tuple(_extension(e, root, setup_py) for e in found["extensions"])
+    extensions = tuple(_extension(e, root, setup_py, found.get("arch_list", "")) for e in found["extensions"])
     return SetupPy(setup_py, extensions, found["package_dir"], seconds)
 
 
-def _extension(raw: dict, root: Path, setup_py: Path) -> SetupExtension:
+def _extension(raw: dict, root: Path, setup_py: Path, arch_list: str) -> SetupExtension:
     def path(p: str) -> Path:
         return (root / p).resolve()
 
@@ -265,6 +274,8 @@ def _extension(raw: dict, root: Path, setup_py: Path) -> SetupExtension:
         runtime_library_dirs=tuple(raw["runtime_library_dirs"]),
         extra_objects=tuple(path(o) for o in raw["extra_objects"]),
         dlink=bool(raw["dlink"]),
+        py_limited_api=bool(raw.get("py_limited_api")),
+        arch_list=arch_list,
     )
 
 
@@ -276,11 +287,65 @@ def _python_optimisation() -> list[str]:
     return [f for f in (sysconfig.get_config_var("CFLAGS") or "").split() if f.startswith(wanted)]
 
 
-def extension_config(ext: SetupExtension, *, with_cuda: bool) -> BuildConfig:
+def cuda_targets(ext: SetupExtension, *, all_archs: bool = False) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """The arch flags ``ext``'s CUDA sources are built with, the archs they give
+    machine code for, and a line that says how they were chosen ("" when there
+    is nothing to say). A project asks for its archs with -gencode flags or
+    TORCH_CUDA_ARCH_LIST (set before opforge runs, or by the setup.py itself);
+    on a machine with GPUs, only the archs asked for that are this machine's are
+    built, when every GPU here is among them: a wheel needs them all, a build
+    in place runs here. ``all_archs`` (``--all-archs``, ``OPFORGE_ALL_ARCHS=1``)
+    builds all of them; with no archs asked, this machine's GPUs' (``cuda_archs``)."""
+    from opforge.builder.archs import (
+        ALL_ARCHS_VAR,
+        cuda_archs,
+        gencode_archs,
+        gencode_flags,
+        narrow_gencode,
+        narrowed,
+        parse_arch_list,
+        present_archs,
+    )
+
+    own = any(f.startswith(_ARCH_FLAGS) for f in ext.nvcc_flags)
+    asked = gencode_archs(ext.nvcc_flags) if own else parse_arch_list(ext.arch_list)
+    if not asked and own:  # a single -arch flag, which chooses one arch: as the project says
+        return ext.nvcc_flags, (), ""
+    if not asked:  # no archs asked for: this machine's GPUs', as opforge's other routes build
+        return (*ext.nvcc_flags, *gencode_flags(cuda_archs())), cuda_archs(), ""
+    how = "-gencode flags" if own else f"TORCH_CUDA_ARCH_LIST={ext.arch_list}"
+    said = f"{ext.name} asks for {len(asked)} arch{'s' if len(asked) != 1 else ''} (sm {', '.join(asked)}, by {how})"
+    here = present_archs()
+    kept = None if all_archs else narrowed(asked, here)
+    if kept is None:
+        built = asked
+        if all_archs and narrowed(asked, here) is not None:
+            note = f"{said}: building all of them (--all-archs or {ALL_ARCHS_VAR}=1)"
+        elif here and len(asked) > 1 and not all_archs:
+            note = f"{said}: building all of them (this machine's sm {', '.join(here)} is not among them)"
+        else:
+            note = ""
+    else:
+        built = kept
+        note = (
+            f"{said}: building for this machine's GPU{'s' if len(here) != 1 else ''} only, sm {', '.join(kept)} "
+            f"(--all-archs or {ALL_ARCHS_VAR}=1 builds all {len(asked)}, as a wheel needs)"
+        )
+    if own:
+        return narrow_gencode(ext.nvcc_flags, built), built, note
+    return (*ext.nvcc_flags, *gencode_flags(built)), built, note
+
+
+# nvcc's flags that choose archs: a project that gives one chooses its own.
+_ARCH_FLAGS = ("-gencode", "-arch", "--generate-code", "--gpu-architecture")
+
+
+def extension_config(ext: SetupExtension, *, with_cuda: bool, all_archs: bool = False) -> BuildConfig:
     """``ext`` as a build of the JIT engine: its flags after Python's, its
-    macros, include and library folders as declared; CUDA sources only with
-    ``with_cuda``. The library is named by the module's last part (``_C``)."""
-    from opforge.builder import cuda_archs, gencode_flags
+    macros, include and library folders as declared, then ``OPFORGE_CXXFLAGS``;
+    CUDA sources only with ``with_cuda``, for the archs ``cuda_targets`` gives.
+    The library is named by the module's last part (``_C``)."""
+    from opforge.builder import env_cxxflags
     from opforge.builder.errors import BuildError
     from opforge.builder.user_pch import with_torch_pch
 
@@ -292,16 +357,16 @@ def extension_config(ext: SetupExtension, *, with_cuda: bool) -> BuildConfig:
     sources = ext.cpp + (ext.cuda if cuda else ())
     if not sources:
         raise BuildError(f"opforge: {ext.name}: only CUDA sources, and CUDA cannot be built here")
-    archs = cuda_archs() if cuda else ()
-    own_arch = any(f.startswith(("-gencode", "-arch", "--generate-code", "--gpu-architecture")) for f in ext.nvcc_flags)
+    nvcc, archs = cuda_targets(ext, all_archs=all_archs)[:2] if cuda else ((), ())
+    env_host, env_both = env_cxxflags()
     ldflags = [f"-L{d}" for d in ext.library_dirs] + [f"-l{lib}" for lib in ext.libraries]
     ldflags += [f"-Wl,-rpath,{d}" for d in ext.runtime_library_dirs] + [str(o) for o in ext.extra_objects] + list(ext.extra_link_args)
     cfg = BuildConfig(
         name=ext.name.replace(".", "_"),
         sources=sources,
         include_dirs=ext.include_dirs,
-        cflags=(*_python_optimisation(), *ext.macros(), *ext.cxx_flags),
-        cuda_cflags=(*ext.macros(), *ext.nvcc_flags, *(() if own_arch else gencode_flags(archs))) if cuda else (),
+        cflags=(*_python_optimisation(), *ext.macros(), *ext.cxx_flags, *env_host),
+        cuda_cflags=(*ext.macros(), *nvcc, *env_both) if cuda else (),
         ldflags=tuple(ldflags),
         with_cuda=cuda,
         cuda_archs=archs,
@@ -322,9 +387,10 @@ def package_folder(package: str, root: Path, package_dir: Mapping[str, str]) -> 
 
 
 def inplace_target(ext: SetupExtension, root: Path, package_dir: Mapping[str, str]) -> Path:
-    """Where ``build_ext --inplace`` puts ``ext``'s library: ``pkg/_C<EXT_SUFFIX>`` for ``pkg._C``."""
+    """Where ``build_ext --inplace`` puts ``ext``'s library: ``pkg/_C<EXT_SUFFIX>``
+    for ``pkg._C``, ``pkg/_C.abi3.so`` for one on Python's limited API."""
     package, _, module = ext.name.rpartition(".")
-    return package_folder(package, root, package_dir) / f"{module}{extension_suffix()}"
+    return package_folder(package, root, package_dir) / f"{module}{abi3_suffix() if ext.py_limited_api else extension_suffix()}"
 
 
 def import_root(ext: SetupExtension, root: Path, package_dir: Mapping[str, str]) -> Path:
@@ -337,6 +403,7 @@ __all__ = [
     "READ_TIMEOUT_S",
     "SetupExtension",
     "SetupPy",
+    "cuda_targets",
     "extension_config",
     "import_root",
     "inplace_target",

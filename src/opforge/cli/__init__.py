@@ -88,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "install); pybind: a "
                          "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; cmake: its CMakeLists.txt; package: a "
                          "package importing _C, its library built in place as <package>/_C<EXT_SUFFIX>")  # fmt: skip
+    sp.add_argument("--all-archs", action="store_true",
+                    help="a setup.py's CUDA extensions for every arch it asks for (-gencode flags, TORCH_CUDA_ARCH_LIST), "
+                         "as a wheel needs; default: only the archs of this machine's GPUs, where every GPU here is "
+                         "among them (also OPFORGE_ALL_ARCHS=1)")  # fmt: skip
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("new", help="scaffold an operator package: C++/CUDA kernels, schema, spec, tests, pyproject.toml")
     sp.add_argument("name", help="the operator's name, also the Python package's (an identifier such as my_op)")

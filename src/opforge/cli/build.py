@@ -25,7 +25,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise SystemExit(f"opforge build: {exc}") from None
     if project is not None:  # a package of opforge new's: its import builds (JIT) and loads it
         return build_project(args.path) if args.route in ("auto", "jit") else build_folder(project.sources, args.route)
-    return build_folder(args.path, args.route)
+    return build_folder(args.path, args.route, all_archs=args.all_archs)
 
 
 def build_project(path: Path) -> int:
@@ -47,20 +47,22 @@ def print_library(*, wait_fast: bool = True) -> int:
     return 0
 
 
-def build_folder(path: Path, route: str = "auto") -> int:
+def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) -> int:
     """A user's folder of sources, in whatever layout (opforge.builder.discover):
     what was found is printed, then it is built by the route it calls for, or
     by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
     files handed to opforge.builder.inline as strings), setuptools (build_ext, as
     pip install would). A package importing _C: package (built in place). A
-    pybind11 module: pybind. Its own CMakeLists.txt: cmake."""
+    pybind11 module: pybind. Its own CMakeLists.txt: cmake. ``all_archs``: a
+    setup.py's every CUDA arch, not only this machine's GPUs' (``cuda_targets``)."""
     import torch
 
     from opforge import load_library as load_library_file
     from opforge.builder import BuildError, cuda_archs, folder_config, load_library
+    from opforge.builder.archs import all_archs_asked
     from opforge.builder.describe import cuda_unavailable, describe
     from opforge.builder.discover import DiscoveryError, discover
-    from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
+    from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library, undefined_symbol_error
     from opforge.builder.registrations import registers_nothing
     from opforge.builder.user_pch import with_torch_pch
 
@@ -92,7 +94,14 @@ def build_folder(path: Path, route: str = "auto") -> int:
     ops_before = set(torch._C._dispatch_get_all_op_names())
     try:
         if route == "jit":
-            lib = load_library(with_torch_pch(folder_config(folder))[0])
+            cfg = with_torch_pch(folder_config(folder))[0]
+            try:
+                lib = load_library(cfg)
+            except OSError as exc:  # built, but it does not load: an undefined symbol is explained
+                left_out = () if cfg.with_cuda else layout.tree.cuda
+                raise undefined_symbol_error(cfg.name, exc, left_out, root=folder) or BuildError(
+                    f"opforge: {cfg.name}: built, but loading it failed: {exc}"
+                ) from None
             if registers_nothing(lib.path, ops_before):
                 return _registered_nothing(folder, lib.path)
             how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
@@ -102,7 +111,7 @@ def build_folder(path: Path, route: str = "auto") -> int:
         elif route == "package":
             return _build_package(layout)
         elif route == "setup.py":
-            return _build_setup_py(layout, setup_py)
+            return _build_setup_py(layout, setup_py, all_archs=all_archs or all_archs_asked())
         elif route == "inline":
             cfg = folder_config(folder)
             own = [s for s in cfg.sources if s.is_relative_to(folder)]
@@ -157,35 +166,67 @@ def _build_package(layout: Any) -> int:
     how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
     where = target.relative_to(layout.root) if target.is_relative_to(layout.root) else target
     out.print(f"{package.name}: {where} ({how}{'' if changed else ', already in place'}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
-    namespaces = sorted({*layout.binding.namespaces, *layout.binding.impls})
-    return _imports(package.name, f"{package.name}._C", package.directory.parent, target, namespaces)
+    left_out = () if lib.with_cuda else layout.tree.cuda
+    namespaces = layout.binding.operator_namespaces("_C")
+    modules = [(f"{package.name}._C", target)]
+    return _imports(package.name, modules, [package.directory.parent], namespaces, left_out, layout.root, macro="OPFORGE_WITH_CUDA")
 
 
-def _imports(name: str, module: str, where: Path, library: Path, namespaces: Sequence[str]) -> int:
-    """``import <module>`` in a new process from ``where``, as its user will: said, with the operators it registered."""
+def _imports(
+    name: str,
+    modules: Sequence[tuple[str, Path]],
+    where: Sequence[Path],
+    namespaces: Sequence[str],
+    left_out: Sequence[Path],
+    root: Path,
+    *,
+    macro: str = "",
+) -> int:
+    """Every one of ``modules`` (name, library) imported in one new process from
+    ``where``, once all are in place, as their users will (``import <name>``): said, with the
+    operators they registered; an undefined symbol that a CUDA source left
+    out (``left_out``) would define is said so (``macro``: what the build
+    defines only with CUDA, "" where opforge defines none)."""
+    from opforge.builder.inline import undefined_symbol_error
     from opforge.builder.package import try_import
 
-    ok, found = try_import(module, where, library, namespaces)
+    ok, found = try_import(modules, where, namespaces)
+    shown = ", ".join(str(w) for w in dict.fromkeys(where))
     if not ok:
-        err.print(f"opforge build: built {library}, but `import {name}` fails (in {where}):\n{found}", highlight=False, markup=False)
+        assert isinstance(found, str)
+        why = undefined_symbol_error(name, found, left_out, root=root, macro=macro)
+        libraries = ", ".join(str(lib) for _, lib in modules)
+        found += f"\n{why}" if why is not None else ""
+        err.print(f"opforge build: built {libraries}, but `import {name}` fails (in {shown}):\n{found}", highlight=False, markup=False)
         return 1
-    what = f"operators {', '.join(found)}" if found else "no operator registered in " + (", ".join(namespaces) or "torch.ops")
-    out.print(f"{name}: `import {name}` works (from {where}, no install step): {what}", highlight=False, markup=False)
+    assert isinstance(found, dict)
+    ops, names = found["ops"], {m: n for m, n in found["names"].items() if n}
+    what = [f"operators {', '.join(ops)}" if ops else "no operator registered in " + (", ".join(namespaces) or "torch.ops")]
+    if names and not namespaces:  # a pybind11 module: what it holds, not the operators it never registers
+        what = [f"{m}: {', '.join(n)}" for m, n in names.items()]
+    out.print(f"{name}: `import {name}` works (from {shown}, no install step): {'; '.join(what)}", highlight=False, markup=False)
     return 0
 
 
-def _build_setup_py(layout: Any, setup_py: Path) -> int:
-    """The extensions a setup.py declares (opforge.builder.setup_py), each built
-    by the JIT engine and copied where ``build_ext --inplace`` puts it; then
-    each imported in a new process, as its user will."""
-    from opforge.builder import build_library, want_cuda
+def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> int:
+    """The extensions a setup.py declares (opforge.builder.setup_py), built by
+    the JIT engine (several at once, opforge.builder.parallel) and each copied
+    where ``build_ext --inplace`` puts it; then, all in place, imported in one
+    new process, as their users will (a package whose __init__ imports every
+    one of them needs all of them there)."""
+    from opforge.builder import BuildError, want_cuda
     from opforge.builder.describe import cuda_unavailable
     from opforge.builder.discover import DiscoveryError, read_binding
     from opforge.builder.package import place_library
-    from opforge.builder.setup_py import extension_config, import_root, inplace_target, read
+    from opforge.builder.parallel import build_libraries
+    from opforge.builder.setup_py import cuda_targets, extension_config, import_root, inplace_target, read
     from opforge.builder.user_pch import plan
 
     root = layout.root
+
+    def rel(p: Path) -> str:
+        return p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p)
+
     try:
         found = read(setup_py)
     except DiscoveryError as exc:
@@ -198,30 +239,36 @@ def _build_setup_py(layout: Any, setup_py: Path) -> int:
     for ext in found.extensions:
         for line in ext.summary(root):
             out.print(line, highlight=False, markup=False)
-        target = inplace_target(ext, root, found.package_dir)
-        out.print(f"    goes to: {target.relative_to(root) if target.is_relative_to(root) else target}", highlight=False, markup=False)
+        out.print(f"    goes to: {rel(inplace_target(ext, root, found.package_dir))}", highlight=False, markup=False)
         if ext.cuda and not cuda:
-            left = ", ".join(s.relative_to(root).as_posix() if s.is_relative_to(root) else str(s) for s in ext.cuda)
-            out.print(f"    left out: {left} ({cuda_unavailable()})", highlight=False, markup=False)
+            out.print(f"    left out: {', '.join(rel(s) for s in ext.cuda)} ({cuda_unavailable()})", highlight=False, markup=False)
+        elif ext.cuda and (note := cuda_targets(ext, all_archs=all_archs)[2]):
+            out.print(f"    archs: {note}", highlight=False, markup=False)
         if ext.cpp:
             pch = plan(ext.cpp, ext.include_dirs)
             out.print(f"    precompiled header: {pch.summary(root, len(ext.cpp))}", highlight=False, markup=False)
-    status = 0
-    for ext in found.extensions:
-        target = inplace_target(ext, root, found.package_dir)
-        lib = build_library(extension_config(ext, with_cuda=cuda))
+    try:
+        libs = build_libraries([extension_config(ext, with_cuda=cuda, all_archs=all_archs) for ext in found.extensions])
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
+    modules: list[tuple[str, Path]] = []
+    for ext, lib in zip(found.extensions, libs, strict=True):
         try:
-            target, changed = place_library(lib.path, target)
+            target, changed = place_library(lib.path, inplace_target(ext, root, found.package_dir))
         except DiscoveryError as exc:
             err.print(f"opforge build: {exc}", highlight=False, markup=False)
             return 1
         how = f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
-        where = target.relative_to(root) if target.is_relative_to(root) else target
-        out.print(f"{ext.name}: {where} ({how}{'' if changed else ', already in place'}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
-        binding = read_binding(ext.sources)
-        namespaces = sorted({*binding.namespaces, *binding.impls})
-        status = max(status, _imports(ext.name, ext.name, import_root(ext, root, found.package_dir), target, namespaces))
-    return status
+        how += "" if changed else ", already in place"
+        out.print(f"{ext.name}: {rel(target)} ({how}; CUDA kernels: {'yes' if lib.with_cuda else 'no'})")
+        modules.append((ext.name, target))
+    # TORCH_LIBRARY(TORCH_EXTENSION_NAME, m): the module's last part, as the build names it.
+    named = [read_binding(ext.sources).operator_namespaces(ext.name.rsplit(".", 1)[-1]) for ext in found.extensions]
+    namespaces = sorted({ns for found_ns in named for ns in found_ns})
+    left_out = [s for ext in found.extensions if not cuda for s in ext.cuda]
+    where = [import_root(ext, root, found.package_dir) for ext in found.extensions]
+    return _imports(", ".join(ext.name for ext in found.extensions), modules, where, namespaces, left_out, root)
 
 
 def _registered_nothing(folder: Path, so: Path) -> int:
