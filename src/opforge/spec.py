@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from opforge import autograd
+from opforge import autograd, sharding
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -124,6 +124,10 @@ class OpSpec:
     # this spec itself adds (``fake``, ``backward``), never an autograd kernel
     # in place of the owner's, and reads ``differentiable`` from the dispatcher.
     owner_registered: bool = False
+    # How the operator runs on DTensor (opforge.sharding): "pointwise" (any placement its tensor
+    # arguments share), "pointwise-linear" (Partial too), or a function in
+    # torch.distributed.tensor.experimental.register_sharding's form; None: no strategies.
+    sharding: str | Callable[..., Any] | None = None
     # The fields opforge.spec filled in because they were left out ("samples",
     # "cost", ...; "bad_inputs": none declared), for the reports to say.
     derived: tuple[str, ...] = ()
@@ -177,6 +181,7 @@ class OpSpec:
         An owner-registered operator gets only what the spec adds, through
         torch.library's own functions (which refuse a second fake kernel or
         autograd formula): opforge's autograd kernel would replace the owner's."""
+        sharding.validate(self)
         if self.fake is not None:
             torch.library.register_fake(self._registration_name)(self.fake)
         if not self.owner_registered:
@@ -184,6 +189,7 @@ class OpSpec:
         elif self.backward is not None:
             torch.library.register_autograd(self._registration_name, self.backward, setup_context=self.setup_context)
         self.function = _public_function(self)
+        sharding.register(self)
 
     @property
     def _registration_name(self) -> str:
