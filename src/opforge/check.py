@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from opforge.check_sharding import check_sharding
 from opforge.check_values import (
     ErrorStats,
     compare,
@@ -56,7 +57,7 @@ from opforge.check_values import (
 from opforge.check_values import special_values as special_values
 from opforge.spec import OpSpec, Sample
 
-CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs")
+CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
 
 # gradcheck's numerical Jacobian costs one forward per input element.
 _GRADCHECK_MAX_NUMEL = 1100
@@ -391,6 +392,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
     "gradgradcheck": check_gradgradcheck,
     "compile": check_compile,
     "bad inputs": check_bad_inputs,
+    "sharding": check_sharding,  # on a simulated mesh: opforge.check_sharding
 }
 
 
