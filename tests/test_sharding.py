@@ -256,35 +256,43 @@ def test_opforge_new_gets_a_commented_sharding_line():
 # --- tensor-parallel QQQLinear ---
 
 
-def _qqq_mlp(group_size: int, seed: int) -> torch.nn.Sequential:
+def _qqq_mlp(group_size: int, bias: bool, seed: int) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        QQQLinear.from_linear(torch.nn.Linear(256, 512), group_size=group_size, out_dtype=torch.float16),
-        QQQLinear.from_linear(torch.nn.Linear(512, 128), group_size=group_size, out_dtype=torch.float16),
+        QQQLinear.from_linear(torch.nn.Linear(256, 512, bias=bias), group_size=group_size, out_dtype=torch.float16),
+        QQQLinear.from_linear(torch.nn.Linear(512, 128, bias=bias), group_size=group_size, out_dtype=torch.float16),
     )
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
 @pytest.mark.parametrize("group_size", [-1, 128])
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_a_column_then_row_parallel_pair_of_qqq_linears_equals_one_device(group_size, ranks, seed):
-    from torch.distributed.tensor import Shard
+def test_a_column_then_row_parallel_pair_of_qqq_linears_equals_one_device(group_size, ranks, bias, seed):
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     from opforge.parallel import ColwiseParallel, RowwiseParallel
 
-    one = _qqq_mlp(group_size, seed)
+    one = _qqq_mlp(group_size, bias, seed)
     x = torch.randn(3, 5, 256, generator=torch.Generator().manual_seed(seed), dtype=torch.float16)
     with torch.no_grad():
         want = one(x)
+        hidden = one[0](x)
     with simulated_mesh(ranks) as mesh:
-        tp = parallelize_module(copy.deepcopy(one), mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        tp = parallelize_module(copy.deepcopy(one), mesh, {"0": ColwiseParallel(), "1": RowwiseParallel(use_local_output=False)})
         assert tp[0].w_packed.placements == (Shard(0),) and tp[1].w_packed.placements == (Shard(1),)
         with torch.no_grad():
-            got = tp(x)
-            got = got.reconcile() if hasattr(got, "reconcile") else got
-    # Column-parallel is the one device's columns bit for bit; row-parallel reduces float32 partial
-    # sums of the same int8 activations (scales over the whole row): within an ulp of float16.
-    torch.testing.assert_close(got, want, rtol=2**-10, atol=0)
+            got = gathered(tp(x))
+            up = parallelize_module(copy.deepcopy(one[0]), mesh, ColwiseParallel(output_layouts=Replicate(), use_local_output=False))
+            got_hidden = gathered(up(x))
+    # Column-parallel: the one device's columns, bit for bit.
+    torch.testing.assert_close(got_hidden, hidden, rtol=0, atol=0)
+    # Row-parallel: float32 partial sums of the same int8 activations (scales over the whole row),
+    # reduced, then rounded to float16 once as on one device: an ulp of float16 apart at most where the
+    # float32 sums round to the other side; with a bias, an ulp of the product before it is added.
+    rtol, atol = (2**-9, 2**-14) if bias else (2**-10, 2**-24)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+    assert (got != want).float().mean() < 0.01
 
 
 def test_row_parallel_quantises_with_the_whole_rows_scales(seed):

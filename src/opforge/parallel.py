@@ -19,8 +19,9 @@ of its packed weight (``opforge.quant.stripe_view``, the same memory: LAYOUT.md)
   input sharded on its last dimension. The int8 activations are quantised with per-token scales
   over the whole row (DTensor reduces the maximum across the ranks: one small all-reduce), so each
   rank's activations are exactly its slice of the one-device ones, and the ranks' products are
-  float32 partial sums, reduced in float32 and rounded once to the layer's dtype: the one-device
-  result up to float32 rounding of the partial sums (at most an ulp of a float16 output apart).
+  float32 partial sums, reduced in float32 and rounded once to the layer's dtype, then the bias
+  added, as on one device: the one-device result but for the float32 rounding of the partial sums
+  (where it falls on the other side of a float16 rounding, an ulp of the product apart).
   Scales per rank (each over its own share of the row) would save that all-reduce and give another
   quantisation than the layer that was validated on one device.
 
