@@ -247,11 +247,14 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     is_compiling = torch.compiler.is_dynamo_compiling
 
     def fn(*args: Any, **kwargs: Any) -> Any:
-        fast = slot[0]
-        if fast is not None and not kwargs and not is_compiling():
-            out = fast(*args)
-            if out is not NotImplemented:
-                return out
+        # is_compiling() first: under Dynamo the slot is never read, so no guard is made on the
+        # fast path's object (a C++ one Dynamo cannot guard on, or None while it is attaching).
+        if not kwargs and not is_compiling():
+            fast = slot[0]
+            if fast is not None:
+                out = fast(*args)
+                if out is not NotImplemented:
+                    return out
         return dispatch(*args, **kwargs)
 
     fn._opforge_fast = None  # type: ignore[attr-defined]
