@@ -145,7 +145,12 @@ def _tp_mlp(device: torch.device, compiled: bool) -> None:
     # use_local_output=False: the up projection's output stays a DTensor (Shard(-1)), so
     # opforge.sigmoid and its backward run on DTensors, through their sharding strategies.
     parallelize_module(tp, mesh, {"up": ColwiseParallel(use_local_output=False), "down": RowwiseParallel(input_layouts=Shard(-1))})
-    run = torch.compile(tp, backend=os.environ.get("OPFORGE_DIST_COMPILE_BACKEND", "inductor")) if compiled else tp
+    if compiled:
+        # Eager first, as a user would (the operator's public function then holds its fast path),
+        # then the same sharded model compiled.
+        tp(x).sum().backward()
+        tp.zero_grad()
+    run = torch.compile(tp) if compiled else tp
     xi = x.detach().clone().requires_grad_()
     got = run(xi)
     (got * g).sum().backward()

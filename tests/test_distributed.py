@@ -73,7 +73,23 @@ def test_the_tensor_parallel_w4a8_benchmark_runs(tmp_path):
     # A smoke run of benchmarks/tp_qqq.py over gloo, tiny sizes: the GPU run must not be its first.
     env = {**os.environ, "PYTHONPATH": SRC, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "benchmarks" / "tp_qqq.py")]
-    args = ["--device", "cpu", "--dim", "256", "--hidden", "512", "--decode-m", "1", "3", "--prefill-m", "64", "--warmup", "1", "--reps", "3"]
+    args = [
+        "--device",
+        "cpu",
+        "--dim",
+        "256",
+        "--hidden",
+        "512",
+        "--decode-m",
+        "1",
+        "3",
+        "--prefill-m",
+        "64",
+        "--warmup",
+        "1",
+        "--reps",
+        "3",
+    ]
     res = subprocess.run([*cmd, *args, "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     (found,) = tmp_path.glob("tp-qqq_*-x2_*.json")
