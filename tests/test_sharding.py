@@ -17,8 +17,8 @@ from torch import Tensor
 
 import opforge
 from opforge import sharding
-from opforge.check import CHECKS, check_op
-from opforge.check_sharding import check_sharding, simulated_mesh
+from opforge.check import CHECKS, check_op, check_sharding
+from opforge.check_sharding import simulated_mesh
 from opforge.nn import QQQLinear
 from opforge.spec import OpSpec, all_specs, get_specs
 

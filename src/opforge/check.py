@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from opforge.check_sharding import check_sharding
+from opforge.check_sharding import sharding_check
 from opforge.check_values import (
     ErrorStats,
     compare,
@@ -385,6 +385,11 @@ def check_bad_inputs(spec: OpSpec, device: torch.device, seed: int) -> CheckResu
     return res
 
 
+def check_sharding(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """Every declared sharding strategy on a simulated mesh (opforge.check_sharding)."""
+    return sharding_check(spec, device, seed, CheckResult)
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] = {
     "reference": check_reference,
     "opcheck": check_opcheck,
@@ -392,7 +397,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
     "gradgradcheck": check_gradgradcheck,
     "compile": check_compile,
     "bad inputs": check_bad_inputs,
-    "sharding": check_sharding,  # on a simulated mesh: opforge.check_sharding
+    "sharding": check_sharding,
 }
 
 

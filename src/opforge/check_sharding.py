@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,8 +49,8 @@ class Unavailable(Exception):
     """Why the check cannot run here (the result is n/a, with this as its note)."""
 
 
-class _TooMany(Exception):
-    """Too many combinations of input placements to try them all."""
+class _TooMany(Exception):  # too many combinations of input placements to try them all
+    pass
 
 
 # --- placements in a few characters ---
@@ -58,17 +58,13 @@ class _TooMany(Exception):
 
 def short(p: Any) -> str:
     """``R``, ``S(d)``, ``P`` (``P(avg)`` for another reduction), ``-`` for None."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
     if p is None:
         return "-"
-    if isinstance(p, Replicate):
+    if p.is_replicate():
         return "R"
-    if isinstance(p, Shard):
+    if p.is_shard():
         return f"S({p.dim})"
-    if isinstance(p, Partial):
-        return "P" if p.reduce_op == "sum" else f"P({p.reduce_op})"
-    return str(p)
+    return ("P" if p.reduce_op == "sum" else f"P({p.reduce_op})") if p.is_partial() else str(p)
 
 
 def describe_strategy(spec: OpSpec, outs: Sequence[Any], ins: Sequence[Any], positions: Sequence[int]) -> str:
@@ -175,10 +171,8 @@ def sharding_dtype(spec: OpSpec) -> torch.dtype:
 def sharding_samples(spec: OpSpec, seed: int, dtype: torch.dtype) -> list[Sample]:
     """A few of the spec's own samples (CPU): small, no shared-memory inputs, and every tensor with
     a dimension of at least 4 elements, so that 2 and 4 ranks both have something to shard."""
-    from opforge.check import generator
-
     picked = []
-    for s in spec.samples(torch.device("cpu"), dtype, generator(torch.device("cpu"), seed)):
+    for s in spec.samples(torch.device("cpu"), dtype, torch.Generator().manual_seed(seed)):
         ts = tensors(s.args) + tensors(list(s.kwargs.values()))
         if not ts or not small(s, _MAX_NUMEL) or self_overlapping(s) or any(t.dim() == 0 or max(t.shape) < 4 for t in ts):
             continue
@@ -194,18 +188,15 @@ def _as64(a: Any) -> Any:
 
 
 def _out_list(out: Any) -> list[Any]:
-    if out is None:
-        return []
-    return list(out) if isinstance(out, (tuple, list)) else [out]
+    return [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 # --- the check ---
 
 
-def check_sharding(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
-    """The ``sharding`` check (on the CPU whatever ``device`` is: the mesh is simulated there)."""
-    from opforge.check import CheckResult
-
+def sharding_check(spec: OpSpec, device: torch.device, seed: int, CheckResult: Callable[..., CheckResult]) -> CheckResult:
+    """The ``sharding`` check (on the CPU whatever ``device`` is: the mesh is simulated there);
+    ``CheckResult`` makes the result (opforge.check's type, handed in: that module calls this one)."""
     if spec.sharding is None:
         return CheckResult(spec.name, "sharding", "n/a", note="no strategies declared")
     if not sharding.available():
@@ -259,15 +250,10 @@ def _shardable(spec_args: Sequence[Any], ins: Sequence[Any], positions: Sequence
 
 
 def _check_sample(res: CheckResult, spec: OpSpec, sample: Sample, dtype: torch.dtype, mesh: Any, ranks: int, gen: torch.Generator) -> None:
-    names = [a.name for a in spec.schema.arguments]
     spec_args, spec_kwargs = _arg_specs(spec, sample, mesh)
-    by_pos = list(sample.args) + [None] * (len(names) - len(sample.args))
-    for k, v in sample.kwargs.items():
-        by_pos[names.index(k)] = v
+    by_pos = sharding.by_position(spec, sample.args, dict(sample.kwargs))
     positions = sharding.tensor_positions(spec, spec_args, spec_kwargs)
-    spec_by_pos = list(spec_args) + [None] * (len(names) - len(spec_args))
-    for k, v in spec_kwargs.items():
-        spec_by_pos[names.index(k)] = v
+    spec_by_pos = sharding.by_position(spec, spec_args, spec_kwargs)
     where = f"{spec.name} [{sample.desc}], {ranks} ranks"
     try:
         rows = sharding.declared_rows(spec, spec_args, spec_kwargs)
@@ -470,9 +456,7 @@ def search_undeclared(spec: OpSpec, samples: Sequence[Sample], gen: torch.Genera
 
     names = [a.name for a in spec.schema.arguments]
     sample = samples[0]
-    by_pos = list(sample.args) + [None] * (len(names) - len(sample.args))
-    for k, v in sample.kwargs.items():
-        by_pos[names.index(k)] = v
+    by_pos = sharding.by_position(spec, sample.args, dict(sample.kwargs))
     positions = [i for i, a in enumerate(by_pos) if isinstance(a, torch.Tensor)]
     options = [_candidates(by_pos[i]) for i in positions]
     mutated = set(spec.mutated_args)
@@ -503,11 +487,8 @@ def _confirm(spec: OpSpec, samples: Sequence[Sample], positions: Sequence[int], 
     """The same placements on the other samples (same tensor arguments and ranks), at 2 and 4 ranks where they shard."""
     from torch.distributed.tensor import Shard
 
-    names = [a.name for a in spec.schema.arguments]
     for sample in samples:
-        by_pos = list(sample.args) + [None] * (len(names) - len(sample.args))
-        for k, v in sample.kwargs.items():
-            by_pos[names.index(k)] = v
+        by_pos = sharding.by_position(spec, sample.args, dict(sample.kwargs))
         if [i for i, a in enumerate(by_pos) if isinstance(a, torch.Tensor)] != list(positions):
             continue
         if any(isinstance(ins[i], Shard) and ins[i].dim >= by_pos[i].dim() for i in positions):

@@ -96,6 +96,15 @@ def _is_spec(x: Any) -> bool:
     return isinstance(x, DTensorSpec)
 
 
+def by_position(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    """One call's arguments by schema position (keyword ones in their place, None for the absent)."""
+    names = [a.name for a in spec.schema.arguments]
+    out = list(args) + [None] * (len(names) - len(args))
+    for k, v in kwargs.items():
+        out[names.index(k)] = v
+    return out
+
+
 def pointwise_rows(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any], *, linear: bool) -> list[Row]:
     """``"pointwise"``'s strategies for one call: every tensor argument and output in
     ``Shard(d)`` for each dim d, or all ``Replicate()``; all ``Partial()`` too when ``linear``.
@@ -103,9 +112,7 @@ def pointwise_rows(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any], *,
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     names = [a.name for a in spec.schema.arguments]
-    by_pos = list(args) + [None] * (len(names) - len(args))
-    for k, v in kwargs.items():
-        by_pos[names.index(k)] = v
+    by_pos = by_position(spec, args, kwargs)
     tensors = [i for i, a in enumerate(by_pos) if _is_spec(a)]
     n_out = _tensor_returns(spec)
     shapes = {tuple(by_pos[i].shape) for i in tensors}
@@ -187,9 +194,7 @@ def _strategy(spec: OpSpec, op_schema: Any) -> Any:
     kwargs = {k: to_spec(v) for k, v in op_schema.kwargs_schema.items()}
     names = [a.name for a in spec.schema.arguments]
     order = tensor_positions(spec, args, kwargs)
-    by_pos = list(args) + [None] * (len(names) - len(args))
-    for k, v in kwargs.items():
-        by_pos[names.index(k)] = v
+    by_pos = by_position(spec, args, kwargs)
     flat = []
     for outs, ins in declared_rows(spec, args, kwargs):
         missing = [names[i] for i in order if ins[i] is None]
@@ -343,6 +348,7 @@ def ensure_registered() -> None:
 __all__ = [
     "POINTWISE",
     "POINTWISE_LINEAR",
+    "by_position",
     "declared_rows",
     "describe",
     "ensure_registered",

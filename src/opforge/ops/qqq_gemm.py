@@ -445,20 +445,12 @@ def _linear_baseline(sample: Sample) -> tuple[Callable[..., Any], Sample]:
 
 
 def _sharding(a: Any, w_packed: Any, s_tok: Any, s_ch: Any, s_group: Any = None, group_size: int = -1, out_dtype: Any = None) -> list:
-    """Replicated; tokens (rows of a and s_tok) sharded; and, on the 3-D stripe view of the
-    packed weight (``opforge.quant.stripe_view``), where the packed memory shards by whole
-    stripes and units:
-
-    * column-parallel: the weight's stripes (``Shard(0)``), s_ch and the group scales' columns
-      sharded along N, activations replicated; each rank computes its columns, bit for bit the
-      one-device ones;
-    * row-parallel: activations (``Shard(1)``), the weight's units of K (``Shard(1)``) and the
-      group scales' rows sharded along K; each rank's output is a partial sum (``Partial``). The
-      per-token scales are the ones of the whole row (replicated), so that each rank's int8
-      activations are exactly its slice of the one-device ones.
-
-    Both only where the mesh divides the stripes (units, groups) evenly: a rank's share of K must
-    be whole units and whole groups, the same share DTensor gives a's columns."""
+    """Replicated; tokens (rows of a and s_tok); and on the stripe view of the packed weight
+    (quant.stripe_view: its stripes and units of K are dimensions there): column-parallel (the
+    weight's stripes, s_ch and the group scales' columns along N; bit for bit one device's columns)
+    and row-parallel (a, the weight's units and the group scales' rows along K, s_tok of the whole
+    rows replicated: each rank's output a partial sum). Only where the mesh divides the stripes,
+    units and groups evenly: a rank's share of K must be whole units and groups, a's share too."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     R = Replicate()
