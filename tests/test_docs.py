@@ -245,6 +245,7 @@ GUIDE_PARTS: dict[str, tuple[int, ...]] = {
     "benchmark": (1, 9),
     "profile": (10,),
     "bring-your-own": (12,),
+    "at-scale": (1, 12, 13),
 }
 
 

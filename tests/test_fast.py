@@ -226,3 +226,28 @@ def test_a_short_process_leaves_the_module_built_and_the_next_ones_find_it(tmp_p
     assert len(list(cache.glob("opforge_fast-*/COMPLETE.json"))) == 1
     assert run("import opforge; print(opforge.fast.module() is not None, opforge.add._opforge_fast is not None)") == "True True"
     assert not list(cache.glob("opforge_fast-build-*.log"))
+
+
+def test_a_compile_during_which_the_fast_path_attaches_still_works(seed):
+    # The fast path's module attaches in the background. Dynamo reading the function's slot while
+    # it was None, then guarding on it once it held the C++ object, raised "Unexpected type
+    # FastOp" (seen compiling a tensor-parallel model under torchrun). A backend that attaches it
+    # in the middle of the compile makes that moment certain.
+    fn = opforge.sigmoid
+    fast = fn._opforge_fast
+    assert fast is not None
+    (cell,) = [c for c in fn.__closure__ if isinstance(c.cell_contents, list) and c.cell_contents == [fast]]
+
+    def backend(gm, example_inputs):
+        cell.cell_contents[0] = fast
+        return gm.forward
+
+    x = torch.randn(5, generator=generator(torch.device("cpu"), seed))
+    torch._dynamo.reset()
+    cell.cell_contents[0] = None
+    try:
+        compiled = torch.compile(lambda t: opforge.sigmoid(t) * 2, backend=backend, fullgraph=True)
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 2)
+    finally:
+        cell.cell_contents[0] = fast
+        torch._dynamo.reset()

@@ -43,6 +43,7 @@ import torch
 
 from opforge.check_grad import check_compile, check_gradcheck, check_gradgradcheck
 from opforge.check_steps import CheckResult, KernelError, first_line, generator, sample_label, settle, step, with_grad
+from opforge.check_sharding import sharding_check
 from opforge.check_values import (
     ErrorStats,
     compare,
@@ -57,7 +58,7 @@ from opforge.check_values import (
 from opforge.check_values import special_values as special_values
 from opforge.spec import OpSpec, Sample
 
-CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs")
+CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
 
 # opcheck runs each sample through several dispatch modes: a few layouts
 # already cover what it tests (schema, fake, autograd registration).
@@ -341,6 +342,11 @@ def check_bad_inputs(spec: OpSpec, device: torch.device, seed: int) -> CheckResu
     return res.close()
 
 
+def check_sharding(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """Every declared sharding strategy on a simulated mesh (opforge.check_sharding)."""
+    return sharding_check(spec, device, seed, CheckResult)
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] = {
     "reference": check_reference,
     "opcheck": check_opcheck,
@@ -348,6 +354,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
     "gradgradcheck": check_gradgradcheck,
     "compile": check_compile,
     "bad inputs": check_bad_inputs,
+    "sharding": check_sharding,
 }
 
 

@@ -174,7 +174,15 @@ class QQQLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"QQQLinear: input must have {self.in_features} features in its last dimension, got shape {list(x.shape)}")
         a, s_tok = quantize_act_int8(x)
-        out = torch.ops.opforge.qqq_gemm(a, self.w_packed, s_tok, self.s_ch, self.s_group, self.group_size, self.out_dtype)
+        if _k_sharded(self.w_packed):
+            from torch.distributed.tensor import Replicate  # a DTensor is at hand: DTensor is imported
+
+            # Row-parallel (opforge.parallel.RowwiseParallel): each rank's product over its share of
+            # K is a partial sum. Reduced in float32, then rounded once to out_dtype, as on one device.
+            out = torch.ops.opforge.qqq_gemm(a, self.w_packed, s_tok, self.s_ch, self.s_group, self.group_size, torch.float32)
+            out = out.redistribute(placements=[Replicate() if p.is_partial() else p for p in out.placements]).to(self.out_dtype)
+        else:
+            out = torch.ops.opforge.qqq_gemm(a, self.w_packed, s_tok, self.s_ch, self.s_group, self.group_size, self.out_dtype)
         if x.requires_grad and torch.is_grad_enabled():
             out = _NoDerivative.apply(x, out)
         if self.bias is not None:
@@ -185,6 +193,12 @@ class QQQLinear(nn.Module):
         scheme = "per channel" if self.group_size == -1 else f"group_size={self.group_size}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {scheme}, "
                 f"out_dtype={self.out_dtype}")  # fmt: skip
+
+
+def _k_sharded(w_packed: torch.Tensor) -> bool:
+    """A DTensor stripe view sharded on its units of K (dimension 1): a row-parallel layer."""
+    placements = getattr(w_packed, "placements", None)
+    return placements is not None and w_packed.dim() == 3 and any(p.is_shard(1) for p in placements)
 
 
 __all__ = ["AXPBY", "LLTM", "Add", "QQQLinear", "Sigmoid", "Square"]

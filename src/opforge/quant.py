@@ -92,6 +92,32 @@ def unpack_int4(w_packed: torch.Tensor) -> torch.Tensor:
     return q.permute(_FROM_STORAGE).reshape(K, N).to(torch.int8)
 
 
+def stripe_view(w_packed: torch.Tensor) -> torch.Tensor:
+    """``w_packed [K // 8, N]`` viewed as ``[N // 32, K // 32, 128]``: the same memory (no copy),
+    by stripes of 32 output columns, each a run of units of 32 k (128 words). Both are
+    dimensions of their own here, so that tensor parallelism shards the packed weight as it
+    is: ``Shard(0)`` gives each rank whole stripes (columns, column-parallel), ``Shard(1)``
+    whole units of K (row-parallel). ``qqq_gemm`` takes either view."""
+    if w_packed.dim() != 2 or w_packed.dtype != torch.int32 or not w_packed.is_contiguous():
+        raise ValueError(
+            f"stripe_view: w_packed must be a contiguous 2-D int32 tensor [K // 8, N], got {w_packed.dtype} of shape "
+            f"{list(w_packed.shape)}{'' if w_packed.is_contiguous() else ', not contiguous'}"
+        )
+    K, N = 8 * w_packed.shape[0], w_packed.shape[1]
+    _check_sizes("stripe_view", K, N, -1)
+    return w_packed.view(N // UNIT, K // UNIT, 4 * UNIT)
+
+
+def packed_view(w: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``stripe_view``: ``[N // 32, K // 32, 128]`` -> ``[K // 8, N]`` (a view);
+    a 2-D ``w_packed`` is returned as it is."""
+    if w.dim() == 2:
+        return w
+    if w.dim() != 3 or w.shape[2] != 4 * UNIT:
+        raise ValueError(f"packed_view: w must be [N // 32, K // 32, 128] (stripe_view), got shape {list(w.shape)}")
+    return w.reshape(w.shape[1] * UNIT // 8, w.shape[0] * UNIT)
+
+
 # --- weights ---
 
 
@@ -183,7 +209,9 @@ __all__ = [
     "QuantizedWeight",
     "dequantize_weight_w4",
     "pack_int4",
+    "packed_view",
     "quantize_act_int8",
     "quantize_weight_w4",
+    "stripe_view",
     "unpack_int4",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from opforge import autograd
+from opforge import autograd, sharding
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -124,6 +124,10 @@ class OpSpec:
     # this spec itself adds (``fake``, ``backward``), never an autograd kernel
     # in place of the owner's, and reads ``differentiable`` from the dispatcher.
     owner_registered: bool = False
+    # How the operator runs on DTensor (opforge.sharding): "pointwise" (any placement its tensor
+    # arguments share), "pointwise-linear" (Partial too), or a function in
+    # torch.distributed.tensor.experimental.register_sharding's form; None: no strategies.
+    sharding: str | Callable[..., Any] | None = None
     # The fields opforge.spec filled in because they were left out ("samples",
     # "cost", ...; "bad_inputs": none declared), for the reports to say.
     derived: tuple[str, ...] = ()
@@ -186,6 +190,7 @@ class OpSpec:
         An owner-registered operator gets only what the spec adds, through
         torch.library's own functions (which refuse a second fake kernel or
         autograd formula): opforge's autograd kernel would replace the owner's."""
+        sharding.validate(self)
         if self.fake is not None:
             torch.library.register_fake(self._registration_name)(self.fake)
         if not self.owner_registered:
@@ -193,6 +198,7 @@ class OpSpec:
         elif self.backward is not None:
             torch.library.register_autograd(self._registration_name, self.backward, setup_context=self.setup_context)
         self.function = _public_function(self)
+        sharding.register(self)
 
     @property
     def _registration_name(self) -> str:
@@ -250,11 +256,14 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     is_compiling = torch.compiler.is_dynamo_compiling
 
     def fn(*args: Any, **kwargs: Any) -> Any:
-        fast = slot[0]
-        if fast is not None and not kwargs and not is_compiling():
-            out = fast(*args)
-            if out is not NotImplemented:
-                return out
+        # is_compiling() first: under Dynamo the slot is never read, so no guard is made on the
+        # fast path's object (a C++ one Dynamo cannot guard on, or None while it is attaching).
+        if not kwargs and not is_compiling():
+            fast = slot[0]
+            if fast is not None:
+                out = fast(*args)
+                if out is not NotImplemented:
+                    return out
         return dispatch(*args, **kwargs)
 
     fn._opforge_fast = None  # type: ignore[attr-defined]

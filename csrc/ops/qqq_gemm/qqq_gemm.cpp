@@ -106,13 +106,17 @@ Tensor qqq_gemm(const Tensor& a_in, const Tensor& w_packed, const Tensor& s_tok_
   check_dtype("a", a_in, ScalarType::Char, "per-token quantised activations");
   check_2d(kQqqGemm, "a", a_in, "[M, K]");
   check_dtype("w_packed", w_packed, ScalarType::Int, "int4 weights packed by opforge.quant.quantize_weight_w4");
-  check_2d(kQqqGemm, "w_packed", w_packed, "[K / 8, N]");
+  // The same packed memory either way (LAYOUT.md); 3-D names its stripes of 32 columns and its
+  // units of 32 k, the two dimensions tensor parallelism shards (opforge.quant.stripe_view).
+  OPFORGE_CHECK(w_packed.dim() == 2 || w_packed.dim() == 3, kQqqGemm,
+                ": w_packed must be 2-D [K / 8, N] or 3-D [N / 32, K / 32, 128], got shape ", dims(w_packed.sizes()));
+  const bool stripes = w_packed.dim() == 3;
   check_dtype("s_tok", s_tok_in, ScalarType::Float, "per-token activation scales");
   check_dtype("s_ch", s_ch_in, ScalarType::Float, "per-channel weight scales");
   check_device("w_packed", w_packed, a_in);
   check_device("s_tok", s_tok_in, a_in);
   check_device("s_ch", s_ch_in, a_in);
-  const int64_t M = a_in.size(0), K = a_in.size(1), N = w_packed.size(1);
+  const int64_t M = a_in.size(0), K = a_in.size(1), N = stripes ? w_packed.size(0) * kUnit : w_packed.size(1);
   OPFORGE_CHECK(K % kUnit == 0, kQqqGemm, ": K = a.size(1) must be a multiple of ", kUnit,
                 " (the packed unit), got ", K);
   OPFORGE_CHECK(N % kUnit == 0, kQqqGemm, ": N = w_packed.size(1) must be a multiple of ", kUnit,
@@ -121,7 +125,11 @@ Tensor qqq_gemm(const Tensor& a_in, const Tensor& w_packed, const Tensor& s_tok_
                 " so that the int32 accumulator cannot overflow, got ", K);
   OPFORGE_CHECK(M <= std::numeric_limits<int32_t>::max() && N <= std::numeric_limits<int32_t>::max(),
                 kQqqGemm, ": M and N must be below 2^31, got M = ", M, ", N = ", N);
-  check_shape(kQqqGemm, "w_packed", w_packed, {K / 8, N}, "[K / 8, N]");
+  if (stripes) {
+    check_shape(kQqqGemm, "w_packed", w_packed, {N / kUnit, K / kUnit, kUnit * 4}, "[N / 32, K / 32, 128]");
+  } else {
+    check_shape(kQqqGemm, "w_packed", w_packed, {K / 8, N}, "[K / 8, N]");
+  }
   OPFORGE_CHECK(w_packed.is_contiguous(), kQqqGemm,
                 ": w_packed must be contiguous (its memory is the packed layout), got strides ",
                 dims(w_packed.strides()));

@@ -139,6 +139,11 @@ def run_check(
         out.print(f"[dim]-[/] {escape(note)}", highlight=False)
     for f in check_failures(results):
         out.print(f"[red]x[/] {escape(f)}", highlight=False)
+    # What the sharding check found valid but undeclared: what to add to the spec.
+    for rs in results.values():
+        for r in rs:
+            if r.check == "sharding" and r.status != "n/a" and r.note:
+                out.print(f"sharding: {escape(r.op)}: {escape(r.note)}", highlight=False)
     n_pass = sum(r.status == "pass" for rs in results.values() for r in rs)
     n_fail = sum(r.status == "fail" for rs in results.values() for r in rs)
     out.print(f"{n_pass} passed, {n_fail} failed")

@@ -103,6 +103,8 @@ SPECS = [
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
+        # Linear: Partial(a) + Partial(b) is Partial(a + b).
+        sharding="pointwise-linear",
     ),
     OpSpec(
         name="add_out",
@@ -114,5 +116,7 @@ SPECS = [
         bench_cases=elementwise_bench(3),
         sweep_cases=elementwise_bench(3, sweep=True),
         fake=_fake_out,
+        # out keeps its placement (DTensor does not move a written argument): a and b come to it.
+        sharding="pointwise-linear",
     ),
 ]

@@ -111,6 +111,8 @@ SPECS = [
         fake=_fake,
         backward=_backward,
         setup_context=_setup_context,
+        # alpha * x + beta * y is linear in (x, y) together: Partial in, Partial out.
+        sharding="pointwise-linear",
     ),
     OpSpec(
         name="axpby_backward",
@@ -125,5 +127,7 @@ SPECS = [
         fake=_fake_backward,
         backward=_backward_backward,
         setup_context=_setup_context_backward,
+        # (alpha * grad, beta * grad): linear in grad.
+        sharding="pointwise-linear",
     ),
 ]

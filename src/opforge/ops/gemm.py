@@ -308,6 +308,21 @@ def _jvp(inputs, tangents, output):  # noqa: ANN001, ANN202
     )
 
 
+def _sharding(a: Any, b: Any) -> list[tuple[list[Any], list[Any]]]:
+    """The matmul strategies, so that column- and row-parallel layers compose."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    R, P = Replicate(), Partial()
+    return [
+        ([Shard(0)], [Shard(0), R]),  # rows of a: data and sequence parallel
+        ([Shard(1)], [R, Shard(1)]),  # columns of b: column-parallel
+        ([P], [Shard(1), Shard(0)]),  # K: row-parallel, each rank a partial sum
+        ([P], [P, R]),  # linear in a ...
+        ([P], [R, P]),  # ... and in b
+        ([R], [R, R]),
+    ]
+
+
 SPECS = [
     OpSpec(
         name="gemm",
@@ -332,5 +347,6 @@ SPECS = [
         # not by the order of a K-long sum, which the reference does not share:
         # no one answer for special values to be held to.
         special_values=False,
+        sharding=_sharding,
     ),
 ]

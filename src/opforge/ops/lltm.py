@@ -389,6 +389,27 @@ TOLERANCES_BACKWARD: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
+# --- sharding: the batch (data and sequence parallel), or everything replicated ---
+
+
+def _sharding_forward(*args: Any) -> list[tuple[list[Any], list[Any]]]:
+    """input, old_h and old_cell sharded over the batch, weights and bias replicated: each rank
+    computes its rows of new_h, new_cell and gates."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    R, B = Replicate(), Shard(0)
+    return [([B, B, B], [B, R, R, B, B]), ([R, R, R], [R, R, R, R, R])]
+
+
+def _sharding_backward(*args: Any) -> list[tuple[list[Any], list[Any]]]:
+    """Batch-sharded: d_old_h, d_input and d_old_cell are rows of the batch; d_weights and
+    d_bias are sums over it, a partial sum on each rank."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    R, B, P = Replicate(), Shard(0), Partial()
+    return [([B, B, P, P, B], [B, B, B, B, B, B, B, R, None]), ([R] * 5, [R] * 8 + [None])]
+
+
 SPECS = [
     OpSpec(
         name="lltm_forward",
@@ -411,6 +432,7 @@ SPECS = [
         special_values=False,
         # lltm_backward has no autograd formula of its own.
         double_backward=False,
+        sharding=_sharding_forward,
     ),
     OpSpec(
         name="lltm_backward",
@@ -430,5 +452,6 @@ SPECS = [
         tolerances=TOLERANCES_BACKWARD,
         # Its gradients go through matmuls (see gemm: special values there have no one answer).
         special_values=False,
+        sharding=_sharding_backward,
     ),
 ]

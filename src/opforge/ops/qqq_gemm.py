@@ -28,7 +28,7 @@ import torch
 
 from opforge.ops import _rules as rules
 from opforge.ops._rules import expect_2d, expect_shape
-from opforge.quant import MAX_K, UNIT, dequantize_weight_w4, pack_int4, quantize_act_int8, quantize_weight_w4
+from opforge.quant import MAX_K, UNIT, dequantize_weight_w4, pack_int4, packed_view, quantize_act_int8, quantize_weight_w4, stripe_view
 from opforge.spec import BadInput, Cost, OpSpec, Sample
 
 OP = "opforge::qqq_gemm"
@@ -62,6 +62,7 @@ def reference(
     the value that the kernel's output rounds."""
     dt = s_ch.dtype
     ones = torch.ones_like(s_ch)
+    w_packed = packed_view(w_packed)  # the 3-D stripe view: the same packed weight
     qs = dequantize_weight_w4(w_packed.to(torch.int32), ones, None if s_group is None else s_group.to(torch.int32), group_size, dtype=dt)
     out = torch.matmul(a.to(dt), qs) * s_tok.to(dt).unsqueeze(1) * s_ch.unsqueeze(0)
     return out if dt == torch.float64 else out.to(out_dtype or torch.float16)
@@ -98,16 +99,23 @@ def _fake(
     _expect_dtype("a", a, torch.int8)
     expect_2d(OP, "a", a, "[M, K]")
     _expect_dtype("w_packed", w_packed, torch.int32)
-    expect_2d(OP, "w_packed", w_packed, "[K / 8, N]")
+    torch._check(
+        w_packed.dim() in (2, 3),
+        lambda: f"{OP}: w_packed must be 2-D [K / 8, N] or 3-D [N / 32, K / 32, 128], got shape {list(w_packed.shape)}",
+    )
+    stripes = w_packed.dim() == 3
     _expect_dtype("s_tok", s_tok, torch.float32)
     _expect_dtype("s_ch", s_ch, torch.float32)
     for name, t in (("w_packed", w_packed), ("s_tok", s_tok), ("s_ch", s_ch)):
         _expect_device(name, t, a)
-    M, K, N = a.shape[0], a.shape[1], w_packed.shape[1]
+    M, K, N = a.shape[0], a.shape[1], w_packed.shape[0] * UNIT if stripes else w_packed.shape[1]
     torch._check(K % UNIT == 0, lambda: f"{OP}: K = a.size(1) must be a multiple of {UNIT} (the packed unit), got {K}")
     torch._check(N % UNIT == 0, lambda: f"{OP}: N = w_packed.size(1) must be a multiple of {UNIT} (the packed unit), got {N}")
     torch._check(K <= MAX_K, lambda: f"{OP}: K must be at most {MAX_K} so that the int32 accumulator cannot overflow, got {K}")
-    expect_shape(OP, "w_packed", w_packed, [K // 8, N], "[K / 8, N]")
+    if stripes:
+        expect_shape(OP, "w_packed", w_packed, [N // UNIT, K // UNIT, 4 * UNIT], "[N / 32, K / 32, 128]")
+    else:
+        expect_shape(OP, "w_packed", w_packed, [K // 8, N], "[K / 8, N]")
     torch._check(
         w_packed.is_contiguous(),
         lambda: f"{OP}: w_packed must be contiguous (its memory is the packed layout), got strides {list(w_packed.stride())}",
@@ -166,6 +174,9 @@ def extreme_args(M: int, K: int, N: int, group_size: int, device: torch.device, 
 # and per group, K = 0 and M = 0, and the layouts the wrapper copies.
 _SAMPLES: tuple[tuple[int, int, int, int, str], ...] = (
     (7, 64, 32, -1, "contiguous"),
+    # The 3-D stripe view; sizes that shard over 2 and 4 ranks (columns and K) and M that does not.
+    (7, 128, 128, 32, "stripe view"),
+    (5, 256, 64, -1, "stripe view"),
     (1, 32, 64, -1, "contiguous"),
     (16, 128, 96, 128, "contiguous"),
     (33, 96, 160, 32, "contiguous"),
@@ -191,6 +202,8 @@ def _layout(args: QArgs, layout: str, gen: torch.Generator) -> QArgs:
             a = a.t().contiguous().t()
         case "a offset by one byte":
             a = torch.cat([a.new_zeros(1), a.reshape(-1)])[1:].view(a.shape)
+        case "stripe view":
+            w_packed = stripe_view(w_packed)
         case "strided s_ch, expanded s_tok":
             s_ch = torch.stack([s_ch, s_ch * 3], dim=1)[:, 0]
             s_tok = s_tok[:1].expand(s_tok.shape[0])
@@ -240,7 +253,29 @@ def _bad(device: torch.device) -> list[BadInput]:
             r"w_packed must be torch\.int32 \(int4 weights .*\), got torch\.int8",
             ValueError,
         ),
-        rules.TWO_D.bad("3-D w_packed", (a, w[None], st, sc, sg, gs), q, name="w_packed", layout="[K / 8, N]", got=[1, 32, 64]),
+        bad(
+            "4-D w_packed",
+            (a, w[None, None], st, sc, sg, gs),
+            r"w_packed must be 2-D \[K / 8, N\] or 3-D \[N / 32, K / 32, 128\], got shape \[1, 1, 32, 64\]",
+        ),
+        rules.SHAPE.bad(
+            "3-D w_packed that is no stripe view",
+            (a, w[None], st, sc, sg, gs),
+            q,
+            name="w_packed",
+            how="[N / 32, K / 32, 128]",
+            want=[1, 8, 128],
+            got=[1, 32, 64],
+        ),
+        rules.SHAPE.bad(
+            "stripe view of another K",
+            (a, stripe_view(i32(K // 8 + 4, N)), st, sc, sg, gs),
+            q,
+            name="w_packed",
+            how="[N / 32, K / 32, 128]",
+            want=[2, 8, 128],
+            got=[2, 9, 128],
+        ),
         bad(
             "float16 s_tok", (a, w, st.half(), sc, sg, gs), r"s_tok must be torch\.float32 \(per-token .*\), got torch\.float16", ValueError
         ),
@@ -406,6 +441,33 @@ def _linear_baseline(sample: Sample) -> tuple[Callable[..., Any], Sample]:
     return torch.nn.functional.linear, Sample((x, w.t().contiguous()), desc=sample.desc)
 
 
+# --- sharding: tokens, columns (N) and K, as serving engines shard their quantised linears ---
+
+
+def _sharding(a: Any, w_packed: Any, s_tok: Any, s_ch: Any, s_group: Any = None, group_size: int = -1, out_dtype: Any = None) -> list:
+    """Replicated; tokens (rows of a and s_tok); and on the stripe view of the packed weight
+    (quant.stripe_view: its stripes and units of K are dimensions there): column-parallel (the
+    weight's stripes, s_ch and the group scales' columns along N; bit for bit one device's columns)
+    and row-parallel (a, the weight's units and the group scales' rows along K, s_tok of the whole
+    rows replicated: each rank's output a partial sum). Only where the mesh divides the stripes,
+    units and groups evenly: a rank's share of K must be whole units and groups, a's share too."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    R = Replicate()
+    g = None if s_group is None else R
+    rows = [([R], [R, R, R, R, g]), ([Shard(0)], [Shard(0), R, Shard(0), R, g])]
+    if w_packed.ndim != 3:
+        return rows  # [K / 8, N]: the packed memory's stripes are no dimension of it
+    ranks = w_packed.mesh.size()
+    stripes, units = w_packed.shape[0], w_packed.shape[1]
+    K = units * UNIT
+    if stripes % ranks == 0:
+        rows.append(([Shard(1)], [R, Shard(0), R, Shard(0), None if s_group is None else Shard(1)]))
+    if units % ranks == 0 and (s_group is None or (K // group_size) % ranks == 0):
+        rows.append(([Partial()], [Shard(1), Shard(1), R, R, None if s_group is None else Shard(0)]))
+    return rows
+
+
 SPECS = [
     OpSpec(
         name="qqq_gemm",
@@ -422,6 +484,7 @@ SPECS = [
         # Integer operands and positive finite scales, as opforge.quant makes them:
         # a NaN or an Inf has no quantised form to feed it.
         special_values=False,
+        sharding=_sharding,
         baselines={
             # What the quantised layer replaces: torch.matmul in float16 of the
             # same (dequantised) activations and weight, [K, N] row-major ...

@@ -105,6 +105,8 @@ SPECS = [
         backward=_backward,
         setup_context=_setup_context,
         tolerances=_TOLERANCES,
+        # Not linear: sigmoid(x1 + x2) != sigmoid(x1) + sigmoid(x2), so never Partial.
+        sharding="pointwise",
     ),
     OpSpec(
         name="sigmoid_backward",
@@ -119,5 +121,8 @@ SPECS = [
         fake=_fake_backward,
         backward=_backward_backward,
         setup_context=_setup_context_backward,
+        # grad * y * (1 - y) is linear in grad alone, not in (grad, y) together: no Partial declared
+        # (opforge check lists Partial grad with Replicate y as valid).
+        sharding="pointwise",
     ),
 ]
