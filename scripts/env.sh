@@ -39,12 +39,12 @@ want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # OPFORGE_PREBUILT=0: a checkout's editable install is pure Python; the JIT cache builds the op
   # library, incrementally. First without an index, for a machine that has every dependency
-  # already (setuptools >= 77 too: the build runs in this environment; the tests' own, kernels
-  # 0.17.0 included, ruff aside, which test.sh skips when missing); then from the index, with one
+  # already (setuptools >= 77 too: the build runs in this environment; the tests' own, ruff aside,
+  # which test.sh skips when missing); then from the index, with one
   # retry (PIP_RETRIES reaches the build-dependency step's own pip too): a machine with no route to
   # an index fails in a second instead of retrying for ten.
   if python -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null &&
-    python -c 'import pytest, xdist, numpy, importlib.metadata as m, sys; sys.exit(m.version("kernels") != "0.17.0")' 2>/dev/null &&
+    python -c 'import pytest, xdist, numpy' 2>/dev/null &&
     OPFORGE_PREBUILT=0 python -m pip install -q --no-index --no-build-isolation -e . >/dev/null 2>&1; then
     :
   elif ! OPFORGE_PREBUILT=0 PIP_RETRIES=1 python -m pip install -q -e ".[test]"; then
@@ -54,4 +54,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     OPFORGE_PREBUILT=0 python -m pip install -q --no-deps --no-build-isolation -e .
   fi
   echo "$want" > "$stamp"
+fi
+# kernels (the Hugging Face Kernel Hub's loader), which the kernel-builder tests load builds with, in
+# a folder of its own that only those tests put on their path: its 0.17.0 wheel declares a setuptools
+# egg_info writer (kernels.lockfile) that it does not ship, and in the venv it breaks every setuptools
+# metadata step (pip install -e ., the wheel tests). Its dependencies come with it.
+export OPFORGE_KERNELS_SITE=${OPFORGE_KERNELS_SITE:-$PWD/.venv/kernels-site}
+if [ ! -f "$OPFORGE_KERNELS_SITE/.installed-0.17.0" ]; then
+  if PIP_RETRIES=1 python -m pip install -q --target "$OPFORGE_KERNELS_SITE" kernels==0.17.0 >/dev/null 2>&1; then
+    touch "$OPFORGE_KERNELS_SITE/.installed-0.17.0"
+  else
+    echo "opforge: kernels==0.17.0 could not be installed into $OPFORGE_KERNELS_SITE (no package index?): the kernel-builder tests that load with it fail" >&2
+  fi
 fi
