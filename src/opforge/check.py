@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 from opforge.check_grad import check_compile, check_gradcheck, check_gradgradcheck
-from opforge.check_steps import CheckResult, KernelError, first_line, generator, sample_label, settle, step, with_grad
 from opforge.check_sharding import sharding_check
+from opforge.check_steps import CheckResult, KernelError, first_line, generator, sample_label, settle, step, with_grad
 from opforge.check_values import (
     ErrorStats,
     compare,
