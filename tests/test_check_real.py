@@ -186,7 +186,8 @@ def test_a_write_the_schema_does_not_declare_is_said_once_with_the_fix(seed):
         "operator's job, declare it `Tensor(a!) c` in its schema (now: real_ops::add_into(Tensor a, Tensor b, Tensor c) -> ()); "
         "if not, the kernel overwrites an input it must only read"
     ]
-    assert [r.status for r in rest] == ["n/a"] * (len(CHECKS) - 1) and all(r.note == "not run: its schema must mark what it writes first" for r in rest)
+    assert [r.status for r in rest] == ["n/a"] * (len(CHECKS) - 1)
+    assert all(r.note == "not run: its schema must mark what it writes first" for r in rest)
 
 
 # --- kernels that kill the process or never return ---
