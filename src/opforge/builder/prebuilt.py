@@ -57,7 +57,7 @@ def check_mappable(path: Path) -> None:
     try:
         check_complete(path)
     except ElfError as exc:
-        raise BuildError(f"opforge: cannot load {path}: {exc}; rebuild it (or copy it again)") from None
+        raise BuildError(f"opforge: could not load {path}: {exc}; rebuild it (or copy it again)") from None
 
 
 def load_library_file(path: str | Path) -> Path:
