@@ -49,9 +49,24 @@ def register(spec: OpSpec) -> None:
             tangents = tuple(fwad.unpack_dual(a).tangent if isinstance(a, torch.Tensor) else None for a in args)
             if any(t is not None for t in tangents):
                 return _forward_mode(spec, reverse, keyset, args, kwargs, tangents, names)
-        return reverse(keyset, *args, **kwargs)
+        try:
+            return reverse(keyset, *args, **kwargs)
+        except RuntimeError as exc:
+            if _FUNCTORCH_REFUSAL not in str(exc):
+                raise
+            # torch's words name an autograd.Function the user never wrote, not the operator.
+            raise RuntimeError(
+                f"{spec.qualname}: torch.func's reverse-mode transforms (grad, vjp, jacrev, hessian) cannot differentiate "
+                "through this operator: its derivative is registered for torch.autograd, which they do not take from "
+                "a custom operator. Use torch.autograd.grad or .backward() (forward mode, torch.func.jvp and jacfwd, "
+                "goes through the operator's jvp)"
+            ) from exc
 
     _library(spec.namespace).impl(spec.name, kernel, "Autograd", with_keyset=True)
+
+
+#: What torch raises when a torch.func transform meets the autograd.Function behind a registered formula.
+_FUNCTORCH_REFUSAL = "with functorch transforms"
 
 
 def _register_writes_arguments(spec: OpSpec) -> None:
