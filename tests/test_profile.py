@@ -255,7 +255,7 @@ def test_ncu_command_never_touches_clocks_and_profiles_one_call(tmp_path):
 
 def test_profile_target_that_is_a_folder_but_no_package(tmp_path, capsys):
     assert profile._package_ops("add") == (None, ["add"])  # an operator's name passes through
-    assert profile._package_ops(str(tmp_path)) == 1
+    assert profile._package_ops(str(tmp_path)) == 2  # a usage error
     assert f"is not an opforge package: no [tool.opforge] table in {tmp_path}" in capsys.readouterr().err
 
 
@@ -266,7 +266,7 @@ MULADD = "extension_cpp::mymuladd"
 def test_a_spec_file_stands_for_the_operators_its_specs_name(tmp_path, capsys):
     # As `opforge check FILE.py` takes it: run, its SPECS registered, their operators profiled.
     assert profile._package_ops(str(SPEC_FILE)) == (SPEC_FILE, [MULADD])
-    assert profile._package_ops("nothere.py") == 1
+    assert profile._package_ops("nothere.py") == 2  # a usage error, as every command's
     assert "opforge profile: nothere.py: no such file" in capsys.readouterr().err
     empty = tmp_path / "no_specs.py"
     empty.write_text("import torch\n")
@@ -300,9 +300,9 @@ def test_without_a_gpu_a_spec_file_is_resolved_then_one_line_says_what_is_missin
     assert "cannot run, missing: a CUDA GPU (torch.cuda.is_available() is False); " in line
     assert line.endswith(f"on this machine, opforge bench {SPEC_FILE} --device cpu times them")
     # What can be found wrong here is, before anything says the GPU is missing.
-    assert profile_op(op, None, "float16", False, project=project) == 1
+    assert profile_op(op, None, "float16", False, project=project) == 2
     assert "extension_cpp::mymuladd: mymuladd does not take float16; it takes float32" in capsys.readouterr().err
-    assert profile_op("no_such_op_here", None, "float32", False) == 1
+    assert profile_op("no_such_op_here", None, "float32", False) == 2
     assert "no_such_op_here" in capsys.readouterr().err
 
 
@@ -471,7 +471,7 @@ def test_profile_add_end_to_end(capsys, tmp_path, monkeypatch):
 @pytest.mark.cuda
 def test_profile_unknown_case(capsys):
     _need("ncu")
-    assert profile_op("add", "2^30", "float32", False) == 1
+    assert profile_op("add", "2^30", "float32", False) == 2
     assert "no case '2^30'; available: 2^16, 2^20, 2^24, 2^26" in capsys.readouterr().err
 
 
@@ -494,6 +494,6 @@ def test_a_library_operator_is_found_by_name_by_the_command():
     res = subprocess.run(
         [sys.executable, "-m", "opforge", "profile", "square", "--dtype", "int7"], env=env, capture_output=True, text=True, timeout=600
     )
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 2, res.stdout + res.stderr
     assert "no operator named" not in res.stderr, res.stderr
     assert "opforge profile: square: " in res.stderr and "int7" in res.stderr, res.stderr

@@ -42,6 +42,7 @@ from rich.table import Table
 
 # The parsers and command lines live in their own modules; `X as X` names the
 # ones this module re-exports without using them, for `from opforge.profile import ...`.
+from opforge.cli.args import Parser, call_count, seed
 from opforge.console import err, out
 from opforge.profile_ncu import METRICS as METRICS
 from opforge.profile_ncu import kernel_table, ncu_command, ncu_import_command, parse_ncu_csv, short_kernel_name
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 
 #: Exit status when the GPU or a tool is missing: "cannot run here", not "failed".
 EXIT_MISSING = 2
+#: Exit status of a usage error (an operator, dtype or case that is not there), as argparse's own.
+EXIT_USAGE = 2
 
 # The runner's inputs: fixed, so two profiles of one case see the same data.
 _RUN_SEED = 0
@@ -241,7 +244,7 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, proj
     """Profiles one call of the op on one benchmark case under ncu and prints
     a table, one row per kernel. ``project``: the op is one of that package's
     (``opforge new``'s) or spec file's, already loaded. Returns the exit status
-    (1: a wrong operator, dtype or case; 2: cannot run here)."""
+    (2: a wrong operator, dtype or case, or cannot run here)."""
     import torch
 
     from opforge.check import generator
@@ -254,7 +257,7 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, proj
             raise ValueError(f"{spec.name} does not take {dtype}; it takes {', '.join(_dtype_name(d) for d in spec.dtypes)}")
     except ValueError as exc:
         err.print(f"opforge profile: {spec_name}: {exc}", soft_wrap=True, markup=False, highlight=False)
-        return 1
+        return EXIT_USAGE
     if (status := _cannot_run("profile", missing, project)) is not None:
         return status
     try:
@@ -264,7 +267,7 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, proj
         torch.cuda.empty_cache()
     except ValueError as exc:
         err.print(f"opforge profile: {spec_name}: {exc}", soft_wrap=True, markup=False, highlight=False)
-        return 1
+        return EXIT_USAGE
     assert ncu is not None
     dname = _dtype_name(torch_dtype)
     report = _report_path(spec.name, chosen.desc, dname) if full else None
@@ -309,14 +312,14 @@ def sanitize_op(spec_name: str | Sequence[str], seed: int | None, *, project: Pa
     """Runs the reference check of the op (or ops: one check over all of them)
     on CUDA under each compute-sanitizer tool and prints a tool -> errors table;
     with ``project``, the check of that package or spec file (all its operators).
-    Returns the exit status (1 on any error or failed run, 2: cannot run here)."""
+    Returns the exit status (1 on any error or failed run, 2: an unknown operator, or cannot run here)."""
     sanitizer, missing = _missing("compute-sanitizer")
     names = [spec_name] if isinstance(spec_name, str) else list(spec_name)
     try:
         specs = [_resolve(n, project) for n in names]
     except ValueError as exc:
         err.print(f"opforge profile --sanitize: {exc}", soft_wrap=True, markup=False, highlight=False)
-        return 1
+        return EXIT_USAGE
     if (status := _cannot_run("profile --sanitize", missing, project)) is not None:
         return status
     assert sanitizer is not None
@@ -368,10 +371,13 @@ def _package_ops(target: str) -> tuple[Path | None, list[str]] | int:
     operator's name stands for itself. An int is the exit status of a failed
     load, already reported."""
     from opforge.builder import BuildError
-    from opforge.project import ProjectError, resolve_target
+    from opforge.project import ProjectError, TargetNotFound, resolve_target
 
     try:
         path, specs = resolve_target(target)
+    except TargetNotFound as exc:
+        err.print(f"opforge profile: {exc}", soft_wrap=True, markup=False, highlight=False)
+        return EXIT_USAGE
     except (ProjectError, BuildError) as exc:
         err.print(f"opforge profile: {exc}", soft_wrap=True, markup=False, highlight=False)
         return 1
@@ -418,7 +424,7 @@ def register_cli(subparsers: Any) -> None:
     sp.add_argument("--dtype", default="float32", help="dtype of the inputs (default float32)")
     sp.add_argument("--full", action="store_true", help="also save ncu's full report (.ncu-rep) in the current folder")
     sp.add_argument("--sanitize", action="store_true", help="run memcheck, racecheck, initcheck and synccheck over `opforge check`")
-    sp.add_argument("--seed", type=int, default=None, help="--sanitize: seed of the check's inputs (default: fresh, printed)")
+    sp.add_argument("--seed", type=seed, default=None, help="--sanitize: seed of the check's inputs (default: fresh, printed)")
     sp.set_defaults(fn=_cmd_profile)
 
 
@@ -464,10 +470,10 @@ def run_case(op: str, case: str, dtype: str, *, seed: int = _RUN_SEED, warmup: i
 
 
 def _main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m opforge.profile", description="The runner `opforge profile` runs under ncu.")
+    p = Parser(prog="python -m opforge.profile", description="The runner `opforge profile` runs under ncu.")
     p.add_argument("--run-case", nargs=3, metavar=("OP", "CASE", "DTYPE"), required=True)
-    p.add_argument("--seed", type=int, default=_RUN_SEED)
-    p.add_argument("--warmup", type=int, default=_WARMUP_CALLS)
+    p.add_argument("--seed", type=seed, default=_RUN_SEED)
+    p.add_argument("--warmup", type=call_count, default=_WARMUP_CALLS)
     p.add_argument("--project", default=None, help="the package directory of opforge new's, or the spec file, whose operator OP is")
     a = p.parse_args(argv)
     op, case, dtype = a.run_case

@@ -11,7 +11,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from opforge.cli.args import dtype_list, existing_file, positive_seconds, usage_error
+from opforge.cli.args import (
+    Parser,
+    bench_json,
+    days,
+    dtype_list,
+    existing_file,
+    output_file,
+    positive_seconds,
+    seed,
+    seed_count,
+    usage_error,
+)
 from opforge.cli.bench import BenchOptions, bench_ops, cmd_bench, cmd_run, run_bench, write_outputs
 from opforge.cli.build import build_folder, build_project, cmd_build, print_library
 from opforge.cli.cache import cmd_cache_clean, cmd_cache_list
@@ -25,6 +36,7 @@ __all__ = [
     "bench_ops",
     "bench_table",
     "build_folder",
+    "build_parser",
     "build_project",
     "check_failures",
     "check_ops",
@@ -55,8 +67,9 @@ def _version() -> str:
     return __version__
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="opforge", description="Build, check and benchmark custom PyTorch operators.")
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser, every subcommand's included."""
+    p = Parser(prog="opforge", description="Build, check and benchmark custom PyTorch operators.")
     p.add_argument("--version", action="version", version=f"opforge {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -66,13 +79,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "operators), or spec files (my_specs.py: the operators its SPECS list, opforge.spec(...) of "
                              "operators already in torch.ops); default: all")  # fmt: skip
         sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if a GPU is visible, else cpu")
-        sp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, printed)")
+        sp.add_argument("--seed", type=seed, default=None, help="random seed, 0 to 2^63 - 1 (default: fresh, printed)")
 
     def isolation(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--time-limit", type=positive_seconds, default=None, metavar="SECONDS",
                         help="the checks run in a process of their own: a step (one call of an operator on one sample) "
                              "still running after this long is reported and killed, and the checks go on "
-                             "(default 300)")  # fmt: skip
+                             "(default 300; at most a day)")  # fmt: skip
         sp.add_argument("--in-process", action="store_true",
                         help="run the checks in this process (for a debugger); a kernel that crashes then ends the command")  # fmt: skip
 
@@ -111,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sp.add_argument(
         "--checks", default=None, help="comma-separated subset of: reference,opcheck,gradcheck,gradgradcheck,compile,bad inputs,sharding"
     )
-    sp.add_argument("--seeds", type=int, default=1, help="K fresh seeds per sample for the reference check (default 1)")
+    sp.add_argument("--seeds", type=seed_count, default=1, help="K fresh seeds per sample for the reference check, 1 to 1000 (default 1)")
     sp.add_argument("--report", action="store_true", help="the worst error per case, not per dtype")
     sp.add_argument(
         "--reference-on",
@@ -139,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sp.add_argument("--dtype", default="float32,float16,bfloat16", type=dtype_list, help="comma-separated dtypes")
         sp.add_argument("--budget", type=positive_seconds, default=0.3,
-                        help="at most this many seconds of timing per case and side (default 0.3)")  # fmt: skip
+                        help="at most this many seconds of timing per case and side, up to a day (default 0.3)")  # fmt: skip
         sp.add_argument("--graph", action="store_true", help="replay each call from a CUDA graph (no launch overhead)")
         sp.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile baseline" + (" (run by default on a GPU only)" if run else ""))  # fmt: skip
@@ -148,16 +161,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated case names to run (e.g. 2^26,2^28 with --sweep); default: "
                         + ("each op's largest" if run else "all"))  # fmt: skip
         sp.add_argument("--remeasure", action="store_true", help="measure the machine's ceilings again")
-        sp.add_argument("--json", type=Path, default=None, help="write every figure, with device and versions, to this file")
-        sp.add_argument("--csv", type=Path, default=None, help="the same as CSV, one line per case and implementation")
+        sp.add_argument("--json", type=output_file, default=None, help="write every figure, with device and versions, to this file")
+        sp.add_argument("--csv", type=output_file, default=None, help="the same as CSV, one line per case and implementation")
         sp.add_argument(
             "--plot",
-            type=Path,
+            type=output_file,
             default=None,
             help="PNG of bandwidth against size, or TFLOP/s per case for compute-bound ops such as gemm "
             "(default with --sweep: opforge-bench-<device>.png)",
         )
-        sp.add_argument("--compare", type=existing_file, default=None,
+        sp.add_argument("--compare", type=bench_json, default=None,
                         help="an earlier --json: ratio per case, regressions flagged (exit 1)")  # fmt: skip
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("cache", help="list or clean the build cache")
@@ -167,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "clean",
         help="remove entries (all, or unused for --older-than days) and failed background builds' logs; builds in progress are kept",
     )
-    sp.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only entries not used for this many days")
+    sp.add_argument("--older-than", type=days, default=None, metavar="DAYS", help="only entries not used for this many days (0 to 36500)")
     sp.set_defaults(fn=cmd_cache_clean)
 
     from opforge import abi, doctor, profile
@@ -175,7 +188,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     abi.register_cli(sub)
     doctor.register_cli(sub)
     profile.register_cli(sub)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.fn(args)
 
 

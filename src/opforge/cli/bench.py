@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from opforge.cli.args import pick_seed, usage_error
+from opforge.cli.args import output_file, pick_seed, usage_error
 from opforge.cli.build import print_library
 from opforge.cli.check import check_failures, check_notes, check_ops
 from opforge.cli.render import bench_table, err, out, print_comparison
@@ -102,14 +102,15 @@ def write_outputs(report: Any, opts: BenchOptions) -> bool:
     run; False if that comparison found a regression."""
     from opforge import bench, ceilings
 
-    for path, writer in ((opts.json_path, bench.write_json), (opts.csv_path, bench.write_csv)):
-        if path:
-            writer(report, path)
-            out.print(f"wrote {path}")
     plot_path = opts.plot_path or (Path(f"opforge-bench-{ceilings.slug(report.device_name)}.png") if opts.sweep else None)
-    if plot_path:
-        bench.plot(report, plot_path)
-        out.print(f"wrote {plot_path}")
+    for path, writer in ((opts.json_path, bench.write_json), (opts.csv_path, bench.write_csv), (plot_path, bench.plot)):
+        if path:
+            try:
+                writer(report, path)
+            except OSError as exc:  # writable when the run began (check_before_running), no longer: a full disk
+                err.print(f"opforge: cannot write {path}: {exc.strerror or exc}", highlight=False, markup=False)
+                return False
+            out.print(f"wrote {path}")
     if opts.compare_path:
         return print_comparison(bench.read_json(opts.compare_path), report)
     return True
@@ -129,8 +130,22 @@ def print_notes(report: Any) -> None:
         out.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False)
 
 
+def check_before_running(device: Any, opts: BenchOptions) -> None:
+    """What the run cannot do, said before it starts rather than after it timed
+    everything: a CUDA graph off a GPU; the current folder unwritable where
+    --sweep's plot goes by default (the files named are checked as parsed)."""
+    if opts.graph and device.type != "cuda":
+        usage_error(f"opforge: --graph replays CUDA graphs, which run on a GPU only; the device is {device.type} (drop --graph)")
+    if opts.sweep and opts.plot_path is None:
+        try:
+            output_file("opforge-bench.png")
+        except argparse.ArgumentTypeError as exc:
+            usage_error(f"opforge: --sweep's plot goes in the current folder by default, and {exc}; name another with --plot")
+
+
 def run_bench(names: Sequence[str], device_name: str, seed: int | None, opts: BenchOptions) -> bool:
     device, specs = device_and_specs(names, device_name)
+    check_before_running(device, opts)
     seed = pick_seed(seed)
     err.print(f"opforge bench on {device}, seed {seed}")
     report = bench_ops(specs, device, seed, opts)
@@ -186,9 +201,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     # The checks start while the fast path's first build runs; the bench waits for it.
     device, specs = device_and_specs(args.ops, args.device, wait_fast=False)
+    opts = _run_options(args)
+    check_before_running(device, opts)
     print_library(wait_fast=False)
     seed = pick_seed(args.seed)
-    opts = _run_options(args)
     err.print(
         f"opforge run on {device}, seed {seed} (rerun with --seed {seed}): check {len(specs)} operators, then time them", highlight=False
     )

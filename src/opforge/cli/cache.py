@@ -6,7 +6,6 @@ import argparse
 
 from rich.table import Table
 
-from opforge.cli.args import usage_error
 from opforge.cli.render import out
 
 
@@ -46,8 +45,6 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 def cmd_cache_clean(args: argparse.Namespace) -> int:
     from opforge.builder import BuildError, cache
 
-    if args.older_than is not None and args.older_than < 0:
-        usage_error(f"opforge: --older-than must be a number of days >= 0, got {args.older_than}")
     try:
         removed, busy = cache.clean(args.older_than)
         logs = cache.clean_failed_build_logs(args.older_than)

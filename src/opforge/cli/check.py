@@ -157,8 +157,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     for c in checks or ():
         if c not in CHECKS:
             usage_error(f"opforge: unknown check {c!r}; choose from {', '.join(CHECKS)}")
-    if args.seeds < 1:
-        usage_error(f"opforge: --seeds must be at least 1, got {args.seeds}")
     ok = run_check(args.ops, args.device, args.seed, checks or CHECKS, args.seeds, args.report, args.reference_on,
                    time_limit=args.time_limit, in_process=args.in_process or None)  # fmt: skip
     return 0 if ok else 1

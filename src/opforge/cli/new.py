@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from opforge.cli.args import usage_error
 from opforge.cli.render import out
 
 
@@ -13,8 +13,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
     try:
         if args.torch_min is not None and not args.stable_abi:
-            print("opforge new: --torch-min goes with --stable-abi", file=sys.stderr)
-            return 2
+            usage_error("opforge new: --torch-min goes with --stable-abi")
         root = scaffold(
             args.name,
             args.dir,
@@ -25,7 +24,12 @@ def cmd_new(args: argparse.Namespace) -> int:
             torch_min=args.torch_min or "2.10",
         )
     except ProjectError as exc:
-        raise SystemExit(f"opforge new: {exc}") from None
+        # Writing the files failed (a full disk, a read-only folder): the error raised while
+        # writing is its context. Anything else is what was asked for: a name, namespace,
+        # version or folder the package cannot have, a usage error.
+        if isinstance(exc.__context__, OSError):
+            raise SystemExit(f"opforge new: {exc}") from None
+        usage_error(f"opforge new: {exc}")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     out.print(f"wrote {root}/: {', '.join(files)}", highlight=False)
     op = f"torch.ops.{args.namespace or args.name}.{args.name}"

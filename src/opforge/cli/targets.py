@@ -48,12 +48,12 @@ def pick_device(
         name = "cuda" if torch.cuda.is_available() and not without else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise SystemExit("opforge: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
+            usage_error("opforge: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
         if own_library and not library(wait_fast=wait_fast).with_cuda:
-            raise SystemExit("opforge: --device cuda but the op library was built without CUDA kernels (no nvcc, or OPFORGE_BUILD_CUDA=0)")
+            usage_error("opforge: --device cuda but the op library was built without CUDA kernels (no nvcc, or OPFORGE_BUILD_CUDA=0)")
         if without:
             what = ", ".join(without)
-            raise SystemExit(f"opforge: --device cuda but {what} has no CUDA kernels (--no-cuda, no nvcc, or OPFORGE_BUILD_CUDA=0)")
+            usage_error(f"opforge: --device cuda but {what} has no CUDA kernels (--no-cuda, no nvcc, or OPFORGE_BUILD_CUDA=0)")
     return torch.device(name)
 
 
