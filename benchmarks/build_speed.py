@@ -103,7 +103,7 @@ def _cuda_build() -> tuple[bool, list[str]]:
 
 
 def _cpu_name() -> str:
-    # opforge.machine by its path: importing the package would import torch
+    # opforge.bench.machine by its path: importing the package would import torch
     # and build or load the op library in this process, which only drives builds.
     spec = importlib.util.spec_from_file_location("_opforge_machine", SRC / "opforge" / "machine.py")
     assert spec is not None and spec.loader is not None

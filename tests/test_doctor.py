@@ -17,10 +17,11 @@ import torch
 from rich.console import Console
 
 import opforge
-from opforge import doctor, doctor_probes
 from opforge.builder import library_config, want_cuda
 from opforge.builder.jit import module_name
-from opforge.doctor import (
+from opforge.doctor import probes as doctor_probes
+from opforge.doctor import report as doctor
+from opforge.doctor.report import (
     SECTIONS,
     DoctorReport,
     collect,

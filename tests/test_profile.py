@@ -16,8 +16,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from opforge import profile
-from opforge.profile import (
+from opforge.profile import run as profile
+from opforge.profile.run import (
     METRICS,
     CaseInfo,
     case_infos,
@@ -241,7 +241,7 @@ def test_ncu_command_never_touches_clocks_and_profiles_one_call(tmp_path):
     pairs = list(itertools.pairwise(cmd))
     assert ("--clock-control", "none") in pairs and ("--profile-from-start", "off") in pairs
     assert "--csv" in cmd and set(cmd[cmd.index("--metrics") + 1].split(",")) == set(METRICS)
-    assert cmd[-7:] == [sys.executable, "-m", "opforge.profile", "--run-case", "add", "2^20", "float16"]
+    assert cmd[-7:] == [sys.executable, "-m", "opforge.profile.run", "--run-case", "add", "2^20", "float16"]
     assert "--export" not in cmd  # nothing kept on disk
     report = tmp_path / "r.ncu-rep"
     cmd = ncu_command("/x/ncu", "add", "2^20", "float16", export=report)
@@ -249,7 +249,7 @@ def test_ncu_command_never_touches_clocks_and_profiles_one_call(tmp_path):
     assert cmd.index("--export") < cmd.index(sys.executable)  # an ncu option, not the program's
     # An operator of a package of opforge new's: the runner loads the package first.
     cmd = ncu_command("/x/ncu", "my_ns::my_op", "2^20", "float32", project=tmp_path)
-    runner = [sys.executable, "-m", "opforge.profile", "--run-case", "my_ns::my_op", "2^20", "float32"]
+    runner = [sys.executable, "-m", "opforge.profile.run", "--run-case", "my_ns::my_op", "2^20", "float32"]
     assert cmd[-9:] == [*runner, "--project", str(tmp_path)]
 
 

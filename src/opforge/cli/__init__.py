@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from opforge.cli import abi, doctor, profile
 from opforge.cli.args import dtype_list, existing_file, positive_seconds, usage_error
 from opforge.cli.bench import BenchOptions, bench_ops, cmd_bench, cmd_run, run_bench, write_outputs
 from opforge.cli.build import build_folder, build_project, cmd_build, print_library
@@ -169,8 +170,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sp.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only entries not used for this many days")
     sp.set_defaults(fn=cmd_cache_clean)
-
-    from opforge import abi, doctor, profile
 
     abi.register_cli(sub)
     doctor.register_cli(sub)

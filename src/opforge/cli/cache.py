@@ -17,7 +17,9 @@ def _mib(n: int) -> str:
 def cmd_cache_list(args: argparse.Namespace) -> int:
     import datetime
 
-    from opforge.builder import BuildError, cache, cache_root
+    from opforge.builder import cache
+    from opforge.builder.errors import BuildError
+    from opforge.builder.jit import cache_root
 
     try:
         found = cache.entries()
@@ -44,7 +46,8 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clean(args: argparse.Namespace) -> int:
-    from opforge.builder import BuildError, cache
+    from opforge.builder import cache
+    from opforge.builder.errors import BuildError
 
     if args.older_than is not None and args.older_than < 0:
         usage_error(f"opforge: --older-than must be a number of days >= 0, got {args.older_than}")
