@@ -57,7 +57,7 @@ def compile_library(tmp: Path, name: str, source: str) -> Path:
 
 def abi_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1"}
-    return subprocess.run([sys.executable, "-m", "opforge.abi.audit", *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "opforge.abi", *args], env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

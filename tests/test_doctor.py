@@ -19,6 +19,7 @@ from rich.console import Console
 import opforge
 from opforge.builder import library_config, want_cuda
 from opforge.builder.jit import module_name
+from opforge.cli.doctor import register_cli
 from opforge.doctor import probes as doctor_probes
 from opforge.doctor import report as doctor
 from opforge.doctor.report import (
@@ -27,7 +28,6 @@ from opforge.doctor.report import (
     collect,
     compare_cuda_versions,
     parse_nvcc_version,
-    register_cli,
     render,
     run,
     to_json,

@@ -89,7 +89,7 @@ def test_bench_times_it(package, env):
 @pytest.mark.slow
 def test_abi_finds_the_built_library_stable(package, env):
     root, _ = package
-    res = run(env, "-m", "opforge.abi.audit", str(library_path(env, root)))
+    res = run(env, "-m", "opforge.abi", str(library_path(env, root)))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 from torch outside it" in res.stdout
     assert "verdict: stable: loads in every torch >= 2.10" in res.stdout
@@ -104,7 +104,7 @@ def test_wheel_is_stable_and_its_library_imports_as_a_module(package, env, tmp_p
     res = run(env, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(wheels), str(copy))
     assert res.returncode == 0, res.stdout + res.stderr
     (wheel,) = wheels.glob(f"{NAME}-*.whl")
-    res = run(env, "-m", "opforge.abi.audit", str(wheel))
+    res = run(env, "-m", "opforge.abi", str(wheel))
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"{wheel.name}!{NAME}/_C." in res.stdout and "verdict: stable" in res.stdout
     site = tmp_path / "site"
@@ -155,7 +155,7 @@ def test_generated_cpp_is_stable_from_torch_min(tmp_path, env, cuda):
     so = tmp_path / "lib.so"
     res = compile_stable(root, "opf_stable_op", so, *(["-DOPFORGE_WITH_CUDA"] if cuda else []))
     assert res.returncode == 0, res.stderr
-    res = run(env, "-m", "opforge.abi.audit", str(so))
+    res = run(env, "-m", "opforge.abi", str(so))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "verdict: stable: loads in every torch >= 2.11" in res.stdout
     if cuda:
@@ -198,7 +198,7 @@ def test_cuda_package_builds_checks_benches_and_is_stable(cuda_package, env):
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count(f"{CUDA_NAME} ") >= 4 and "refused" not in res.stdout
     lib = library_path(env, root)
-    res = run(env, "-m", "opforge.abi.audit", str(lib))
+    res = run(env, "-m", "opforge.abi", str(lib))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "verdict: stable: loads in every torch >= 2.10" in res.stdout
     # The CUDA runtime linked in statically, torch's CPU library alone dynamically: it loads without a GPU.

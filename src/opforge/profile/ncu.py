@@ -201,7 +201,7 @@ def ncu_command(
     ]
     if export is not None:
         cmd += ["--export", str(export), "--force-overwrite"]
-    runner = [python, "-m", "opforge.profile.run", "--run-case", op, case, dtype]
+    runner = [python, "-m", "opforge.profile", "--run-case", op, case, dtype]
     return [*cmd, *runner, *(("--project", str(project)) if project is not None else ())]
 
 
