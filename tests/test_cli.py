@@ -184,7 +184,7 @@ def test_list_and_build():
     assert res.returncode == 0 and "op library:" in res.stdout and "(cached;" in res.stdout
 
 
-_TINY_OP = """#include "opforge/common.h"
+_TINY_OP = """#include "opforge/aten/common.h"
 namespace {
 at::Tensor cube(const at::Tensor& x) {
   opforge::check_floating("NS::cube", "x", x);
@@ -261,7 +261,7 @@ def test_build_a_user_folder_by_the_cmake_route(tmp_path):
     folder.mkdir()
     (folder / "cube.cpp").write_text(
         _TINY_OP.replace("NS", "opforge_cmake_cube")
-        .replace('#include "opforge/common.h"', "")
+        .replace('#include "opforge/aten/common.h"', "")
         .replace('opforge::check_floating("opforge_cmake_cube::cube", "x", x);', "")
     )
     (folder / "CMakeLists.txt").write_text(

@@ -384,3 +384,13 @@ def test_package_door_check_finds_one(monkeypatch):
     tree = ast.parse("from opforge.builder import want_cuda, toolchain\n")
     imports = {probe: _walk_imports(probe, tree)}
     assert own_package_doors(imports) == [f"{probe}:1 imports want_cuda from opforge.builder"]
+
+
+def test_every_package_ships_in_the_wheel():
+    """pyproject.toml lists the packages by name: a package missing there is missing from the wheel."""
+    import re
+
+    block = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    assert packages - listed == set(), f"packages missing from pyproject.toml's [tool.setuptools] packages: {sorted(packages - listed)}"

@@ -100,7 +100,7 @@ def op_sources(op_dir: Path, *, with_cuda: bool) -> list[Path]:
 def folder_config(folder: Path, *, with_cuda: bool | None = None, stable: str | None = None) -> BuildConfig:
     """A user's op folder (TORCH_LIBRARY sources, .cpp and .cu, in any subfolder)
     as a build: the folder, its include/ folders and every folder holding a
-    header on the include path, then opforge's (``opforge/common.h``).
+    header on the include path, then opforge's (``opforge/aten/common.h``).
 
     ``stable``: the folder is on PyTorch's stable ABI, for every torch from
     this version on ("2.10"; opforge.builder.stable); None: so when its C++
@@ -133,7 +133,7 @@ def folder_config(folder: Path, *, with_cuda: bool | None = None, stable: str | 
         if not stable:
             # The current-stream helper the CUDA launchers of common.h call (ATen's; a stable
             # folder asks the shim for the stream).
-            sources = [*sources, root / "opforge" / "cuda_stream.cpp"]
+            sources = [*sources, root / "opforge" / "aten" / "cuda_stream.cpp"]
     # The folder as given first: the include path of a flat folder is what it always was.
     include_dirs = (folder, *(d for d in tree.include_dirs if d != tree.root), root)
     return BuildConfig(

@@ -4,7 +4,7 @@
 
 #include <c10/cuda/CUDAStream.h>
 
-#include "opforge/common.h"
+#include "opforge/aten/common.h"
 
 namespace opforge {
 

@@ -1,6 +1,7 @@
 #pragma once
-// Helpers every torch-facing operator wrapper uses: input checks whose messages
-// start with the operator's name and show the offending value, the dtype
+// The ATen kit that users' own (non-stable) builds include: input checks whose
+// messages start with the operator's name and show the offending value (the words
+// are opforge/messages.h's, shared with the library's stable kit), the dtype
 // mapping for the pure-CUDA launchers, a CPU loop, and kernel registration for
 // every backend the build has.
 //
@@ -23,28 +24,9 @@
 #include <string>
 
 #include "opforge/dtype.h"
+#include "opforge/messages.h"
 
 namespace opforge {
-
-// Python's spelling of a dtype, so a message reads "got torch.int32" as the
-// user wrote it rather than c10's "Int".
-inline std::string dtype_name(at::ScalarType st) {
-  switch (st) {
-    case at::kFloat: return "torch.float32";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kDouble: return "torch.float64";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kShort: return "torch.int16";
-    case at::kChar: return "torch.int8";
-    case at::kByte: return "torch.uint8";
-    case at::kBool: return "torch.bool";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + c10::toString(st);
-  }
-}
 
 inline DType to_dtype(at::ScalarType st) {
   switch (st) {
@@ -56,15 +38,12 @@ inline DType to_dtype(at::ScalarType st) {
 }
 
 inline void check_defined(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+  TORCH_CHECK(t.defined(), msg::undefined(op, name));
 }
 
 inline void check_floating(const char* op, const char* name, const at::Tensor& t) {
   check_defined(op, name, t);
-  const auto st = t.scalar_type();
-  TORCH_CHECK_VALUE(
-      st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble, op, ": ",
-      name, " must be float32, float16, bfloat16 or float64, got ", dtype_name(st));
+  TORCH_CHECK_VALUE(is_floating(t.scalar_type()), msg::not_floating(op, name, t.scalar_type()));
 }
 
 // Device and dtype of `t` equal to those of `ref`, shapes free: for ops
@@ -72,23 +51,20 @@ inline void check_floating(const char* op, const char* name, const at::Tensor& t
 inline void check_like(const char* op, const char* ref_name, const at::Tensor& ref, const char* name,
                        const at::Tensor& t) {
   check_defined(op, name, t);
-  TORCH_CHECK(ref.device() == t.device(), op, ": ", ref_name, " and ", name,
-              " must be on the same device, got ", ref.device(), " and ", t.device());
-  TORCH_CHECK_VALUE(ref.scalar_type() == t.scalar_type(), op, ": ", ref_name, " and ", name,
-                   " must have the same dtype, got ", dtype_name(ref.scalar_type()), " and ",
-                   dtype_name(t.scalar_type()));
+  TORCH_CHECK(ref.device() == t.device(), msg::devices_differ(op, ref_name, name, ref.device(), t.device()));
+  TORCH_CHECK_VALUE(ref.scalar_type() == t.scalar_type(),
+                    msg::dtypes_differ(op, ref_name, name, ref.scalar_type(), t.scalar_type()));
 }
 
 // `layout` names the dimensions, e.g. "[batch, input_features]".
 inline void check_2d(const char* op, const char* name, const at::Tensor& t, const char* layout) {
-  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D ", layout, ", got shape ", t.sizes());
+  TORCH_CHECK(t.dim() == 2, msg::not_2d(op, name, layout, t.sizes()));
 }
 
 // `t` has exactly `want`; `how` says where the expected sizes come from.
 inline void check_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef want,
                         const char* how) {
-  TORCH_CHECK(t.sizes() == want, op, ": ", name, " must have shape ", how, " = ", want, ", got ",
-              t.sizes());
+  TORCH_CHECK(t.sizes() == want, msg::wrong_shape(op, name, how, want, t.sizes()));
 }
 
 // Same device, dtype and shape: what every elementwise operator of two or more
@@ -97,8 +73,7 @@ inline void check_shape(const char* op, const char* name, const at::Tensor& t, a
 inline void check_same(const char* op, const char* name_a, const at::Tensor& a, const char* name_b,
                        const at::Tensor& b) {
   check_like(op, name_a, a, name_b, b);
-  TORCH_CHECK(a.sizes() == b.sizes(), op, ": ", name_a, " and ", name_b,
-              " must have the same shape, got ", a.sizes(), " and ", b.sizes());
+  TORCH_CHECK(a.sizes() == b.sizes(), msg::shapes_differ(op, name_a, name_b, a.sizes(), b.sizes()));
 }
 
 // An out= tensor must match the result exactly and must not share memory with
@@ -107,23 +82,16 @@ inline void check_same(const char* op, const char* name_a, const at::Tensor& a, 
 inline void check_out(const char* op, const at::Tensor& out, const at::Tensor& like,
                       std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
   check_defined(op, "out", out);
-  TORCH_CHECK(out.device() == like.device(), op, ": out must be on ", like.device(), ", got ",
-              out.device());
-  TORCH_CHECK_VALUE(out.scalar_type() == like.scalar_type(), op, ": out must have dtype ",
-                   dtype_name(like.scalar_type()), ", got ", dtype_name(out.scalar_type()));
-  TORCH_CHECK(out.sizes() == like.sizes(), op, ": out must have shape ", like.sizes(), ", got ",
-              out.sizes());
-  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, op,
-              ": out has elements that share memory (strides ", out.strides(),
-              "); pass a tensor with distinct elements");
+  TORCH_CHECK(out.device() == like.device(), msg::out_device(op, like.device(), out.device()));
+  TORCH_CHECK_VALUE(out.scalar_type() == like.scalar_type(), msg::out_dtype(op, like.scalar_type(), out.scalar_type()));
+  TORCH_CHECK(out.sizes() == like.sizes(), msg::out_shape(op, like.sizes(), out.sizes()));
+  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, msg::out_self_overlap(op, out.strides()));
   for (const auto& [name, input] : inputs) {
     // Different storages cannot overlap. Within one storage, ATen answers
     // TooHard for strided views; we refuse those too rather than guess.
     const bool shared = out.storage().is_alias_of(input->storage());
     const auto status = shared ? at::get_overlap_status(out, *input) : at::MemOverlapStatus::No;
-    TORCH_CHECK(status == at::MemOverlapStatus::No, op, ": out shares memory with input ", name,
-                " (storage ", out.storage().data(),
-                "); pass an out tensor that shares no memory with the inputs");
+    TORCH_CHECK(status == at::MemOverlapStatus::No, msg::out_shares(op, name, out.data_ptr()));
   }
 }
 
