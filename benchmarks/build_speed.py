@@ -103,7 +103,7 @@ def _cuda_build() -> tuple[bool, list[str]]:
 
 
 def _cpu_name() -> str:
-    # opforge.machine by its path: importing the package would import torch
+    # opforge.bench.machine by its path: importing the package would import torch
     # and build or load the op library in this process, which only drives builds.
     spec = importlib.util.spec_from_file_location("_opforge_machine", SRC / "opforge" / "machine.py")
     assert spec is not None and spec.loader is not None
@@ -249,7 +249,7 @@ def cases(base: dict[str, str], tmp: Path, which: list[str], repeat: int) -> tup
                 "from opforge.builder import gencode_flags\n"
                 "t = time.perf_counter()\nd = csrc_dir()\n"
                 "sq = d / 'ops' / 'square'\n"
-                "src = (sq / 'square.cpp', sq / 'square_kernel.cu', d / 'opforge' / 'cuda_stream.cpp')\n"
+                "src = (sq / 'square.cpp', sq / 'square_kernel.cu', d / 'opforge' / 'aten' / 'cuda_stream.cpp')\n"
                 "archs = cuda_archs()\n"
                 "cfg = BuildConfig('speed_square_cuda', src, (d,), ('-O3', '-fopenmp', '-DOPFORGE_WITH_CUDA'),\n"
                 "                  ('-O3', '-DOPFORGE_WITH_CUDA', *gencode_flags(archs)), with_cuda=True, cuda_archs=archs)\n"

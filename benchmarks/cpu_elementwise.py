@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import opforge
-from opforge.bench import BenchRow, bench_op, cpu_contention, device_name, new_report, write_json
+from opforge.bench.run import BenchRow, bench_op, cpu_contention, device_name, new_report, write_json
 
 OPS = ("add", "add_out", "square", "sigmoid", "sigmoid_backward", "axpby", "axpby_backward")
 CASES = ("2^16", "2^20", "transposed 1024x1024", "channels_last 16x64x32x32")

@@ -57,8 +57,7 @@ FAMILIES: dict[str, tuple[Source, ...]] = {
     "lltm": (Source("lltm_nvidia-h200_*.json"), Source("lltm-graph_nvidia-h200_*.json", required=False)),
     "gemm": (Source("nvidia-h200_*_gemm.json"),),
     "qqq": (Source("nvidia-h200_*_qqq.json"),),
-    # A "_before" file is the baseline of a change, measured after it: newer, but not the build as it is.
-    "build": (Source("build-speed_cpu-2cores_*.json", exclude=("*_before.json",)),),
+    "build": (Source("build-speed_cpu-2cores_*.json"),),
 }
 
 # The order of the elementwise ops in a table (an op not named here comes after, in its file's order).

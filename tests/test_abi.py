@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import opforge
-from opforge.abi import FLOOR, LibraryAudit, audit_library, parse_shim_header, render, shim_table, torch_include
+from opforge.abi.audit import FLOOR, LibraryAudit, audit_library, parse_shim_header, render, shim_table, torch_include
 from opforge.elf_symbols import read_dynamic_symbols
 
 SRC = str(Path(opforge.__file__).resolve().parent.parent)
@@ -145,7 +145,7 @@ def test_a_library_taking_a_c10_function_is_not_stable(libs):
 
 def test_mangled_names_are_sorted_without_cplusplus_filt(libs, monkeypatch):
     # Where binutils' c++filt is missing, the mangled name itself says c10.
-    monkeypatch.setattr("opforge.abi.demangle", lambda names: {})
+    monkeypatch.setattr("opforge.abi.audit.demangle", lambda names: {})
     table = shim_table()
     audit = audit_library(libs["unstable"], table, reader="elf")
     assert list(audit.unstable) == ["torch C++ (mangled)"]

@@ -10,9 +10,10 @@ import json
 import pytest
 import torch
 
-from opforge import bench, ceilings
-from opforge.bench import BenchReport, BenchRow, Timing, compare, input_sets, repeat_until_stable
-from opforge.check import generator
+from opforge.bench import ceilings
+from opforge.bench import run as bench
+from opforge.bench.run import BenchReport, BenchRow, Timing, compare, input_sets, repeat_until_stable
+from opforge.check.run import generator
 from opforge.spec import Sample, all_specs
 
 
@@ -76,7 +77,7 @@ def test_sides_are_timed_in_turns_and_a_failing_side_is_reported():
 
 
 def test_the_spin_before_a_gpu_call_outlasts_what_the_host_takes_to_queue_it():
-    from opforge.bench_timing import _SPIN_CYCLES, _SPIN_HOST_MARGIN, spin_cycles
+    from opforge.bench.timing import _SPIN_CYCLES, _SPIN_HOST_MARGIN, spin_cycles
 
     assert spin_cycles(0.0, 1980.0) == _SPIN_CYCLES  # a short host side: the default spin
     assert spin_cycles(20.0, 1980.0) == _SPIN_CYCLES
@@ -401,7 +402,7 @@ def test_a_baseline_far_slower_than_its_cost_model_is_timed_again_and_the_steadi
 
 
 def test_an_outlier_that_stays_is_marked_with_its_reason_in_both_tables(monkeypatch):
-    from opforge.report import SummaryOp, bench_table, summary_table
+    from opforge.cli.report import SummaryOp, bench_table, summary_table
 
     row, calls = _bench_mul(_ceil(22.0), monkeypatch, {"opforge": _t(48.0), "eager": _t(8000.0)}, {"eager": _t(7990.0)})
     assert len(calls) == 2 and row.median("eager") == 7990.0  # the faster of two outliers
@@ -417,7 +418,7 @@ def test_an_outlier_that_stays_is_marked_with_its_reason_in_both_tables(monkeypa
 
 
 def test_a_result_that_beats_the_ceilings_has_them_measured_again_and_an_impossible_limit_is_marked(monkeypatch):
-    from opforge.report import bench_table, row_line
+    from opforge.cli.report import bench_table, row_line
 
     measured = []
 

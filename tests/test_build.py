@@ -383,7 +383,7 @@ def test_cuda_archs_from_the_gpus_and_default(monkeypatch):
     ],
 )
 def test_gencode_flags(archs, flags):
-    from opforge.builder import _gencode_flags
+    from opforge.builder.archs import gencode_flags as _gencode_flags
 
     assert _gencode_flags(archs) == flags
 

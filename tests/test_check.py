@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.bench import bench_op
+from opforge.bench.run import bench_op
 from opforge.builder import BuildConfig, csrc_dir, load_library
-from opforge.check import (
+from opforge.check.run import (
     CHECKS,
     check_bad_inputs,
     check_gradgradcheck,

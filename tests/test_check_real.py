@@ -18,7 +18,9 @@ import pytest
 import torch
 
 import opforge
-from opforge.check import (
+from opforge.check.grad import compile_sample
+from opforge.check.process import Loads, run_checks
+from opforge.check.run import (
     CHECKS,
     check_compile,
     check_gradcheck,
@@ -28,8 +30,6 @@ from opforge.check import (
     generator,
     to_reference,
 )
-from opforge.check_grad import compile_sample
-from opforge.check_process import Loads, run_checks
 from opforge.project import load_spec_file
 from opforge.spec import Sample, get_specs
 

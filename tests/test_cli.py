@@ -61,7 +61,8 @@ def test_usage_errors_exit_2_with_their_message(args, message, capsys, tmp_path,
 
 
 def test_a_failed_check_exits_1(monkeypatch, capsys):
-    from opforge import check, cli
+    from opforge import cli
+    from opforge.check import run as check
 
     def failing(spec, *args, **kwargs):
         return [check.CheckResult(spec.name, "reference", "fail", count=1, failures=["planted failure"])]
@@ -160,7 +161,7 @@ def test_bench_case_picks_cases_and_names_the_known_ones(tmp_path):
 def test_check_seeds_and_report():
     import torch
 
-    from opforge.check import with_special_values
+    from opforge.check.run import with_special_values
     from opforge.spec import get_specs
 
     (spec,) = get_specs(["square"])
@@ -183,7 +184,7 @@ def test_list_and_build():
     assert res.returncode == 0 and "op library:" in res.stdout and "(cached;" in res.stdout
 
 
-_TINY_OP = """#include "opforge/common.h"
+_TINY_OP = """#include "opforge/aten/common.h"
 namespace {
 at::Tensor cube(const at::Tensor& x) {
   opforge::check_floating("NS::cube", "x", x);
@@ -260,7 +261,7 @@ def test_build_a_user_folder_by_the_cmake_route(tmp_path):
     folder.mkdir()
     (folder / "cube.cpp").write_text(
         _TINY_OP.replace("NS", "opforge_cmake_cube")
-        .replace('#include "opforge/common.h"', "")
+        .replace('#include "opforge/aten/common.h"', "")
         .replace('opforge::check_floating("opforge_cmake_cube::cube", "x", x);', "")
     )
     (folder / "CMakeLists.txt").write_text(
@@ -337,7 +338,8 @@ def test_run_is_the_main_job():
 def test_run_fails_when_a_check_fails(monkeypatch, capsys):
     """The exit code says whether everything passed: a failed check is a
     nonzero exit, named in the table and listed after it."""
-    from opforge import check, cli
+    from opforge import cli
+    from opforge.check import run as check
 
     real = check.check_op
 

@@ -106,12 +106,12 @@ def test_cache_clean_older_than_nan_removes_nothing(value, tmp_path, monkeypatch
 
 
 def test_the_profile_runner_refuses_hostile_numbers(capsys):
-    from opforge import profile
+    from opforge.cli.profile import runner_main
 
     for option in ("--seed", "--warmup"):
         for value in ("nan", "-1", "1e400", str(10**30)):
             with pytest.raises(SystemExit) as stop:
-                profile._main(["--run-case", "add", "2^16", "float32", option, value])
+                runner_main(["--run-case", "add", "2^16", "float32", option, value])
             assert stop.value.code == 2
             (line,) = capsys.readouterr().err.strip().splitlines()
             assert f"argument {option}: expected an integer" in line and repr(value) in line
@@ -175,7 +175,7 @@ def test_sweeps_default_plot_in_an_unwritable_folder_is_refused_first(command, m
 
 
 def test_a_file_that_fails_to_write_after_the_run_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
-    from opforge import bench
+    from opforge.bench import run as bench
 
     def full_disk(report, path):
         raise OSError(28, "No space left on device")
@@ -224,7 +224,7 @@ def test_compare_with_a_file_not_of_bench_json_is_refused_first(command, kind, t
 
 
 def test_compare_takes_a_report_of_bench_json(tmp_path):
-    from opforge.bench_results import read_json
+    from opforge.bench.results import read_json
     from opforge.cli.args import bench_json
 
     path = tmp_path / "old.json"

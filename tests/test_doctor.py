@@ -17,16 +17,17 @@ import torch
 from rich.console import Console
 
 import opforge
-from opforge import doctor, doctor_probes
 from opforge.builder import library_config, want_cuda
 from opforge.builder.jit import module_name
-from opforge.doctor import (
+from opforge.cli.doctor import register_cli
+from opforge.doctor import probes as doctor_probes
+from opforge.doctor import report as doctor
+from opforge.doctor.report import (
     SECTIONS,
     DoctorReport,
     collect,
     compare_cuda_versions,
     parse_nvcc_version,
-    register_cli,
     render,
     run,
     to_json,
@@ -149,10 +150,10 @@ def test_nvcc_and_torch_cuda_versions():
 
 
 def test_forcing_cuda_without_nvcc_is_an_error(monkeypatch):
-    import opforge.builder
+    import opforge.builder.config
 
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build of torch, on any machine
-    monkeypatch.setattr(opforge.builder, "cuda_home", lambda: None)
+    monkeypatch.setattr(opforge.builder.config, "cuda_home", lambda: None)
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", "1")
     report = collect()
     [problem] = [p for p in report.problems if p.severity == "error"]
@@ -162,12 +163,12 @@ def test_forcing_cuda_without_nvcc_is_an_error(monkeypatch):
 
 def test_forcing_cuda_with_a_cpu_torch_and_nvcc_builds_cuda_kernels(monkeypatch, tmp_path):
     # The op library is on the stable ABI: a CPU torch builds CUDA kernels that a CUDA torch runs.
-    import opforge.builder
+    import opforge.builder.config
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvcc").write_text("")
     monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.setattr(opforge.builder, "cuda_home", lambda: tmp_path)
+    monkeypatch.setattr(opforge.builder.config, "cuda_home", lambda: tmp_path)
     monkeypatch.setenv("OPFORGE_BUILD_CUDA", "1")
     report = collect()
     assert report.gpu.build_cuda is True

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.check import generator
+from opforge.check.run import generator
 from opforge.spec import get_specs
 
 from .conftest import DEVICES

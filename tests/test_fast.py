@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.check import generator
+from opforge.check.run import generator
 from opforge.spec import all_specs
 
 from .conftest import DEVICES, cache_with_library

@@ -11,7 +11,7 @@ import torch
 import torch.autograd.forward_ad as fwad
 
 import opforge
-from opforge.check import check_gradcheck, generator
+from opforge.check.run import check_gradcheck, generator
 from opforge.spec import all_specs, get_specs
 
 from .conftest import DEVICES

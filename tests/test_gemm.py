@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import opforge
-from opforge.check import generator, measure_error, poisoned_allocations
+from opforge.check.run import generator, measure_error, poisoned_allocations
 from opforge.ops.gemm import GPU_BENCH, make_operands, tolerance
 from opforge.spec import get_specs
 
@@ -295,7 +295,7 @@ _EDGE_SCRIPT = textwrap.dedent(
     """
     import sys, torch, opforge
     from opforge.ops.gemm import make_operands, tolerance
-    from opforge.check import measure_error
+    from opforge.check.run import measure_error
     shapes = eval(sys.argv[1])
     gen = torch.Generator().manual_seed(int(sys.argv[2]))
     bad = []
@@ -363,7 +363,7 @@ def test_cuda_issue_shapes_within_bounds(shape, dtype, seed):
     assert_close_k(got, want, dtype, K)
     ours = relative_error(got, want)
     assert ours <= RELATIVE_BOUND[dtype], f"{dtype} {shape}: max relative error {ours:.3g}"
-    # flash-attention's rule (DESIGN.md): within twice cuBLAS's own error at
+    # flash-attention's rule: within twice cuBLAS's own error at
     # this precision (TF32 off). Not for float32 at M = 16, where cuBLAS may
     # split K more finely than this kernel does (a sum in s parts is about
     # sqrt(s) times more accurate) and ours is still far inside the bounds above.
@@ -524,7 +524,7 @@ def test_cost_model_and_bench_cases():
 def test_bench_reports_tflops_and_plots_bars(tmp_path, seed):
     from rich.console import Console
 
-    from opforge import bench
+    from opforge.bench import run as bench
     from opforge.cli import bench_table
 
     rows = bench.bench_op(SPEC, torch.device("cpu"), seed=seed, dtypes=[torch.float32], budget_s=0.02, compile=False)

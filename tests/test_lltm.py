@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.check import generator, measure_error
+from opforge.check.run import generator, measure_error
 from opforge.ops.lltm import TOLERANCES, backward_args, make_cell, reference_backward, reference_forward
 from opforge.spec import get_specs
 

@@ -299,18 +299,98 @@ def test_no_module_is_over_500_lines():
     )
 
 
-def test_the_engines_old_name_still_imports_and_warns():
-    code = (
-        "import warnings\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    import opforge.build.jit as old\n"
-        "import opforge.builder.jit as new\n"
-        "from opforge.build import BuildConfig, load_library\n"
-        "assert old is new and BuildConfig is new.BuildConfig\n"
-        "assert any(issubclass(x.category, DeprecationWarning) and 'opforge.builder' in str(x.message) for x in w), w\n"
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, "OPFORGE_NO_AUTOLOAD": "1"}, capture_output=True, text=True, timeout=120
-    )
-    assert res.returncode == 0, res.stderr
+# ------------------------------------------------------------ (d) the house
+
+#: The modules at the package's top: the runtime that ``import opforge`` needs and the few small
+#: modules every floor shares. A toolkit command is a package of its own (check/, bench/, ...).
+TOP_LEVEL = {
+    "opforge": "the package: loads the op library, the public functions",
+    "opforge.autograd": "the derivatives of the operators",
+    "opforge.console": "stdout / stderr consoles every command prints through",
+    "opforge.derive": "samples, cost and tolerances derived from a schema",
+    "opforge.elf_symbols": "an ELF file's symbols, read without loading it",
+    "opforge.export": "torch.export and AOTInductor packages that carry their op libraries",
+    "opforge.fast": "the eager fast path",
+    "opforge.nn": "torch.nn modules over the operators",
+    "opforge.nvml": "the GPU's clocks and name, without CUDA",
+    "opforge.parallel": "tensor-parallel styles for the quantised linear",
+    "opforge.project": "opforge new's packages and users' spec files",
+    "opforge.quant": "W4A8 weight and activation quantisation",
+    "opforge.sharding": "DTensor sharding strategies from a spec",
+    "opforge.spec": "OpSpec, the one description of an operator",
+}
+
+
+def top_level_strays(modules: dict[str, Path]) -> list[str]:
+    """Modules at ``opforge``'s top that are not among TOP_LEVEL."""
+    return sorted(m for m, p in modules.items() if m.count(".") <= 1 and p.name != "__init__.py" and m not in TOP_LEVEL)
+
+
+def cli_outside_cli(trees: dict[str, ast.Module]) -> list[str]:
+    """Modules outside ``opforge.cli`` that define ``register_cli`` or parse a command line."""
+    found = []
+    for module, tree in trees.items():
+        if module == "opforge.cli" or module.startswith("opforge.cli."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "register_cli":
+                found.append(f"{module}:{node.lineno} defines register_cli")
+            elif isinstance(node, ast.Attribute) and node.attr == "ArgumentParser":
+                found.append(f"{module}:{node.lineno} builds an ArgumentParser")
+    return found
+
+
+def own_package_doors(imports: dict[str, list[Import]]) -> list[str]:
+    """Submodules that take names from their own package's ``__init__`` (which only hands names on)."""
+    found = []
+    for module, imps in imports.items():
+        package = module.rpartition(".")[0]
+        if MODULES[module].name == "__init__.py" or package in ("", "opforge"):
+            continue
+        found += [f"{module}:{i.line} imports {', '.join(i.names)} from {package}" for i in imps if i.target == package and i.names]
+    return found
+
+
+def test_toolkit_modules_live_in_their_packages():
+    strays = top_level_strays(MODULES)
+    assert not strays, f"modules at opforge's top that belong in a package (or in TOP_LEVEL, with their role): {strays}"
+
+
+def test_top_level_check_finds_a_stray():
+    assert top_level_strays({**MODULES, "opforge.bench_extra": PACKAGE / "bench_extra.py"}) == ["opforge.bench_extra"]
+
+
+def test_command_lines_are_parsed_in_cli_only():
+    found = cli_outside_cli(TREES)
+    assert not found, "argument parsing outside opforge.cli:\n" + "\n".join(f"  {f}" for f in found)
+
+
+def test_cli_check_finds_a_register_cli_elsewhere():
+    tree = ast.parse("import argparse\ndef register_cli(sub):\n    argparse.ArgumentParser()\n")
+    assert cli_outside_cli({"opforge.bench.probe": tree}) == [
+        "opforge.bench.probe:2 defines register_cli",
+        "opforge.bench.probe:3 builds an ArgumentParser",
+    ]
+
+
+def test_no_submodule_imports_its_own_package_init():
+    found = own_package_doors(IMPORTS)
+    assert not found, "import these from the module that defines them:\n" + "\n".join(f"  {f}" for f in found)
+
+
+def test_package_door_check_finds_one(monkeypatch):
+    probe = "opforge.builder.probe_for_test"
+    monkeypatch.setitem(MODULES, probe, PACKAGE / "builder" / "probe_for_test.py")
+    tree = ast.parse("from opforge.builder import want_cuda, toolchain\n")
+    imports = {probe: _walk_imports(probe, tree)}
+    assert own_package_doors(imports) == [f"{probe}:1 imports want_cuda from opforge.builder"]
+
+
+def test_every_package_ships_in_the_wheel():
+    """pyproject.toml lists the packages by name: a package missing there is missing from the wheel."""
+    import re
+
+    block = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    assert packages - listed == set(), f"packages missing from pyproject.toml's [tool.setuptools] packages: {sorted(packages - listed)}"

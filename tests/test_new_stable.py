@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import opforge
-from opforge.abi import torch_include
+from opforge.abi.audit import torch_include
 from opforge.builder import csrc_dir
 from opforge.elf_symbols import read_dynamic_symbols
 from opforge.project import ProjectError, scaffold

@@ -195,7 +195,7 @@ def test_prebuilt_required_but_unusable_is_an_error(fake_prebuilt, monkeypatch):
 
 
 def test_doctor_names_the_route(fake_prebuilt):
-    from opforge import doctor
+    from opforge.doctor import report as doctor
 
     report = doctor.collect()
     assert report.library.route == "prebuilt"
@@ -401,7 +401,7 @@ def test_opforge_library_env_loads_that_library_instead(tmp_path):
 
 
 def test_opforge_library_env_naming_no_file_is_an_error(tmp_path, monkeypatch):
-    from opforge import doctor
+    from opforge.doctor import report as doctor
 
     named = tmp_path / "build" / "libopforge_ops.so"
     monkeypatch.setenv("OPFORGE_LIBRARY", str(named))

@@ -16,8 +16,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from opforge import profile
-from opforge.profile import (
+from opforge.cli import profile as profile_cli
+from opforge.profile import run as profile
+from opforge.profile.run import (
     METRICS,
     CaseInfo,
     case_infos,
@@ -254,8 +255,8 @@ def test_ncu_command_never_touches_clocks_and_profiles_one_call(tmp_path):
 
 
 def test_profile_target_that_is_a_folder_but_no_package(tmp_path, capsys):
-    assert profile._package_ops("add") == (None, ["add"])  # an operator's name passes through
-    assert profile._package_ops(str(tmp_path)) == 2  # a usage error
+    assert profile_cli._package_ops("add") == (None, ["add"])  # an operator's name passes through
+    assert profile_cli._package_ops(str(tmp_path)) == 2  # a usage error
     assert f"is not an opforge package: no [tool.opforge] table in {tmp_path}" in capsys.readouterr().err
 
 
@@ -265,12 +266,12 @@ MULADD = "extension_cpp::mymuladd"
 
 def test_a_spec_file_stands_for_the_operators_its_specs_name(tmp_path, capsys):
     # As `opforge check FILE.py` takes it: run, its SPECS registered, their operators profiled.
-    assert profile._package_ops(str(SPEC_FILE)) == (SPEC_FILE, [MULADD])
-    assert profile._package_ops("nothere.py") == 2  # a usage error, as every command's
+    assert profile_cli._package_ops(str(SPEC_FILE)) == (SPEC_FILE, [MULADD])
+    assert profile_cli._package_ops("nothere.py") == 2  # a usage error, as every command's
     assert "opforge profile: nothere.py: no such file" in capsys.readouterr().err
     empty = tmp_path / "no_specs.py"
     empty.write_text("import torch\n")
-    assert profile._package_ops(str(empty)) == 1
+    assert profile_cli._package_ops(str(empty)) == 1
     assert "SPECS" in capsys.readouterr().err
     # The runner under ncu and the checks under compute-sanitizer load the file first.
     cmd = ncu_command("/x/ncu", MULADD, "2^20", "float32", project=SPEC_FILE)
@@ -280,10 +281,10 @@ def test_a_spec_file_stands_for_the_operators_its_specs_name(tmp_path, capsys):
 
 def test_the_cli_profiles_a_spec_files_operators(monkeypatch):
     parser = argparse.ArgumentParser(prog="opforge")
-    profile.register_cli(parser.add_subparsers(dest="command", required=True))
+    profile_cli.register_cli(parser.add_subparsers(dest="command", required=True))
     calls = []
-    monkeypatch.setattr(profile, "profile_op", lambda *a, project: calls.append(("profile", *a, project)) or 0)
-    monkeypatch.setattr(profile, "sanitize_op", lambda *a, project: calls.append(("sanitize", *a, project)) or 0)
+    monkeypatch.setattr(profile_cli, "profile_op", lambda *a, project: calls.append(("profile", *a, project)) or 0)
+    monkeypatch.setattr(profile_cli, "sanitize_op", lambda *a, project: calls.append(("sanitize", *a, project)) or 0)
     for argv in (["profile", str(SPEC_FILE), "--case", "2^20"], ["profile", str(SPEC_FILE), "--sanitize", "--seed", "3"]):
         args = parser.parse_args(argv)
         assert args.fn(args) == 0
@@ -293,7 +294,7 @@ def test_the_cli_profiles_a_spec_files_operators(monkeypatch):
 @pytest.mark.parametrize("which", ["profile", "sanitize"])
 def test_without_a_gpu_a_spec_file_is_resolved_then_one_line_says_what_is_missing(no_tools, monkeypatch, capsys, which):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    project, (op,) = profile._package_ops(str(SPEC_FILE))
+    project, (op,) = profile_cli._package_ops(str(SPEC_FILE))
     run = profile_op(op, None, "float32", False, project=project) if which == "profile" else sanitize_op(op, 1, project=project)
     assert run == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -307,7 +308,7 @@ def test_without_a_gpu_a_spec_file_is_resolved_then_one_line_says_what_is_missin
 
 
 def test_an_operator_of_a_spec_file_without_a_cuda_kernel_is_named(monkeypatch):
-    project, _ = profile._package_ops(str(SPEC_FILE))
+    project, _ = profile_cli._package_ops(str(SPEC_FILE))
     monkeypatch.setattr("opforge.derive.has_kernel_for", lambda overload, device: device != "cuda")
     assert profile._library_missing(project) == [f"a CUDA kernel for {MULADD} (none registered by what muladd_spec.py imports)"]
 
@@ -402,13 +403,13 @@ def test_find_tool(monkeypatch, tmp_path):
 
 def test_register_cli(monkeypatch):
     parser = argparse.ArgumentParser(prog="opforge")
-    register = profile.register_cli
+    register = profile_cli.register_cli
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["profile", "add", "--case", "2^20", "--dtype", "bfloat16", "--full"])
     assert (args.op, args.case, args.dtype, args.full, args.sanitize) == (["add"], "2^20", "bfloat16", True, False)
     calls = []
-    monkeypatch.setattr(profile, "profile_op", lambda *a, project: calls.append(("profile", *a, project)) or 0)
-    monkeypatch.setattr(profile, "sanitize_op", lambda *a, project: calls.append(("sanitize", *a, project)) or 1)
+    monkeypatch.setattr(profile_cli, "profile_op", lambda *a, project: calls.append(("profile", *a, project)) or 0)
+    monkeypatch.setattr(profile_cli, "sanitize_op", lambda *a, project: calls.append(("sanitize", *a, project)) or 1)
     assert args.fn(args) == 0
     args = parser.parse_args(["profile", "square", "--sanitize", "--seed", "5"])
     assert (args.case, args.dtype, args.full) == (None, "float32", False)
@@ -443,7 +444,7 @@ def test_runner_calls_the_op_once_profiled():
 
 @pytest.mark.cuda
 def test_runner_loads_a_spec_file_then_calls_its_operator_once():
-    project, (op,) = profile._package_ops(str(SPEC_FILE))
+    project, (op,) = profile_cli._package_ops(str(SPEC_FILE))
     (spec,) = get_specs([op])
     cuda = torch.device("cuda")
     cases = case_infos(spec.bench_cases(cuda, torch.float32, torch.Generator(device=cuda).manual_seed(0)))

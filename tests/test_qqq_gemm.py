@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.check import generator
+from opforge.check.run import generator
 from opforge.ops.qqq_gemm import OUT_DTYPES, _bad, extreme_args, make_args, reference
 from opforge.quant import (
     MAX_K,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import opforge  # noqa: F401 - registers the library's specs
-from opforge.check import fake_call
+from opforge.check.run import fake_call
 from opforge.ops import _rules as rules
 from opforge.spec import all_specs
 

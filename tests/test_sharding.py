@@ -1,5 +1,5 @@
 """Operators on DTensor: the strategies each spec declares (opforge.sharding), the sharding
-check on a simulated mesh (opforge.check_sharding), users' declarations, and tensor-parallel
+check on a simulated mesh (opforge.check.sharding), users' declarations, and tensor-parallel
 QQQLinear (opforge.parallel), all on the CPU in this process (LocalTensorMode). The same
 through real processes (gloo, and NCCL on two GPUs) is in test_distributed.py."""
 
@@ -17,8 +17,8 @@ from torch import Tensor
 
 import opforge
 from opforge import sharding
-from opforge.check import CHECKS, check_op, check_sharding
-from opforge.check_sharding import simulated_mesh
+from opforge.check.run import CHECKS, check_op, check_sharding
+from opforge.check.sharding import simulated_mesh
 from opforge.nn import QQQLinear
 from opforge.spec import OpSpec, all_specs, get_specs
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 import opforge
-from opforge.check import check_gradcheck, check_op
+from opforge.check.run import check_gradcheck, check_op
 from opforge.derive import BENCH_SIZES, DeriveError, describe
 from opforge.project import ProjectError, load_spec_file
 from opforge.spec import DEFAULT_TOLERANCES, OpSpec
@@ -242,7 +242,7 @@ def test_derived_cost_counts_inputs_and_outputs_once_and_a_flop_per_output_eleme
 
 def test_derived_bench_cases_are_named_for_a_gpu_without_one():
     # bench lists a GPU's cases on the meta device: nothing is drawn there.
-    from opforge.bench import case_names
+    from opforge.bench.run import case_names
 
     names = case_names(_muladd_spec(), torch.device("cuda"), sweep=False)
     assert names == [f"2^{n.bit_length() - 1}" for n in BENCH_SIZES["cuda"]]

@@ -31,8 +31,8 @@ import torch
 from qqq_flush import median_us as synced_median_us  # one call at a time, synchronised after each
 
 import opforge
-from opforge.bench import Timer, input_sets
-from opforge.check import generator
+from opforge.bench.run import Timer, input_sets
+from opforge.check.run import generator
 from opforge.ops.qqq_gemm import make_args
 from opforge.quant import dequantize_weight_w4
 from opforge.spec import Sample

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 import opforge
-from opforge.bench_timing import Timer, input_sets
+from opforge.bench.timing import Timer, input_sets
 from opforge.spec import Sample
 
 Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]

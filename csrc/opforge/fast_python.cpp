@@ -43,7 +43,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
-#include "opforge/common.h"
+#include "opforge/aten/common.h"
 
 #include <memory>
 #include <stdexcept>

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 
 from opforge import fast as _fast
-from opforge.builder import Library
+from opforge.builder.jit import Library
 from opforge.builder.prebuilt import load_library_file as load_library
 from opforge.builder.prebuilt import load_op_library
 
@@ -46,9 +46,8 @@ def load(*, wait_fast: bool = False) -> Library:
     the Python one (what the opforge command does)."""
     global library
     if library is None:
-        # On two cores after the op library, not beside it: the library's own build took 21.8 s beside
-        # the fast path's and 10.1 s alone. With 8 cores or more (the library compiles at most 8 files
-        # at once) beside it: on a 16-core H200 host the fast path's build then costs no wall time.
+        # Beside the op library's build only with 8 cores or more (the library compiles at most 8 files
+        # at once): on two cores the two builds slow each other down (benchmarks/README.md, build times).
         side_by_side = (os.cpu_count() or 1) >= 8
         if side_by_side:
             _fast.build_in_background()

@@ -30,7 +30,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.builder import BuildError, Library
+from opforge.builder.errors import BuildError
+from opforge.builder.jit import Library
 from opforge.spec import OpSpec, all_specs, register
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "new"

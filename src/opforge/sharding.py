@@ -24,7 +24,7 @@ its placement, so only strategies that keep it are offered; the non-tensor argum
 DTensor's cache key (an ``output_mask`` changes the outputs' shapes).
 
 ``opforge check`` verifies every declared strategy against the reference
-(``opforge.check_sharding``).
+(``opforge.check.sharding``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 // loads in every torch from TORCH_TARGET_VERSION on. No ATen or c10 header.
 //
 // What is here: input checks whose messages start with the operator's name
-// and show the offending value (the same words as opforge/ops/_rules.py), the
+// and show the offending value (opforge/messages.h's words, shared with the ATen kit
+// of users' builds and opforge/ops/_rules.py), the
 // dtype mapping for the pure-CUDA launchers, output allocation, and kernel
 // registration for every backend the build has.
 
@@ -40,6 +41,7 @@
 #include <dlfcn.h>
 
 #include "opforge/dtype.h"
+#include "opforge/messages.h"
 
 namespace opforge {
 
@@ -76,13 +78,6 @@ inline std::ostream& operator<<(std::ostream& os, const Dims& d) {
 }
 inline Dims dims(IntArrayRef v) { return Dims{v}; }
 
-template <typename... Args>
-std::string message(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
-
 // torch turns std::runtime_error into RuntimeError and std::invalid_argument
 // into ValueError; a wrong dtype is the latter (the stable ABI has no way to
 // raise TypeError).
@@ -94,26 +89,6 @@ std::string message(const Args&... args) {
   do {                                                                         \
     if (!(cond)) throw std::invalid_argument(::opforge::message(__VA_ARGS__)); \
   } while (0)
-
-// Python's spelling of a dtype, so a message reads "got torch.int32" as the
-// user wrote it.
-inline std::string dtype_name(ScalarType st) {
-  switch (st) {
-    case ScalarType::Float: return "torch.float32";
-    case ScalarType::Half: return "torch.float16";
-    case ScalarType::BFloat16: return "torch.bfloat16";
-    case ScalarType::Double: return "torch.float64";
-    case ScalarType::Int: return "torch.int32";
-    case ScalarType::Long: return "torch.int64";
-    case ScalarType::Short: return "torch.int16";
-    case ScalarType::Char: return "torch.int8";
-    case ScalarType::Byte: return "torch.uint8";
-    case ScalarType::Bool: return "torch.bool";
-    case ScalarType::ComplexFloat: return "torch.complex64";
-    case ScalarType::ComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + torch::headeronly::toString(st);
-  }
-}
 
 inline DType to_dtype(ScalarType st) {
   switch (st) {
@@ -144,39 +119,31 @@ inline bool same_dims(IntArrayRef a, IntArrayRef b) {
 }
 
 inline void check_defined(const char* op, const char* name, const Tensor& t) {
-  OPFORGE_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
-}
-
-inline bool is_floating(ScalarType st) {
-  return st == ScalarType::Float || st == ScalarType::Half || st == ScalarType::BFloat16 || st == ScalarType::Double;
+  OPFORGE_CHECK(t.defined(), msg::undefined(op, name));
 }
 
 inline void check_floating(const char* op, const char* name, const Tensor& t) {
   check_defined(op, name, t);
-  OPFORGE_CHECK_VALUE(is_floating(t.scalar_type()), op, ": ", name,
-                      " must be float32, float16, bfloat16 or float64, got ", dtype_name(t.scalar_type()));
+  OPFORGE_CHECK_VALUE(is_floating(t.scalar_type()), msg::not_floating(op, name, t.scalar_type()));
 }
 
 // Device and dtype of `t` equal to those of `ref`, shapes free: for ops
 // whose tensors have different shapes (lltm, gemm), where check_same does not fit.
 inline void check_like(const char* op, const char* ref_name, const Tensor& ref, const char* name, const Tensor& t) {
   check_defined(op, name, t);
-  OPFORGE_CHECK(same_device(ref, t), op, ": ", ref_name, " and ", name, " must be on the same device, got ",
-                device_name(ref), " and ", device_name(t));
-  OPFORGE_CHECK_VALUE(ref.scalar_type() == t.scalar_type(), op, ": ", ref_name, " and ", name,
-                      " must have the same dtype, got ", dtype_name(ref.scalar_type()), " and ",
-                      dtype_name(t.scalar_type()));
+  OPFORGE_CHECK(same_device(ref, t), msg::devices_differ(op, ref_name, name, device_name(ref), device_name(t)));
+  OPFORGE_CHECK_VALUE(ref.scalar_type() == t.scalar_type(),
+                      msg::dtypes_differ(op, ref_name, name, ref.scalar_type(), t.scalar_type()));
 }
 
 // `layout` names the dimensions, e.g. "[batch, input_features]".
 inline void check_2d(const char* op, const char* name, const Tensor& t, const char* layout) {
-  OPFORGE_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D ", layout, ", got shape ", dims(t.sizes()));
+  OPFORGE_CHECK(t.dim() == 2, msg::not_2d(op, name, layout, dims(t.sizes())));
 }
 
 // `t` has exactly `want`; `how` says where the expected sizes come from.
 inline void check_shape(const char* op, const char* name, const Tensor& t, IntArrayRef want, const char* how) {
-  OPFORGE_CHECK(same_dims(t.sizes(), want), op, ": ", name, " must have shape ", how, " = ", dims(want), ", got ",
-                dims(t.sizes()));
+  OPFORGE_CHECK(same_dims(t.sizes(), want), msg::wrong_shape(op, name, how, dims(want), dims(t.sizes())));
 }
 
 // Same device, dtype and shape: what every elementwise operator of two or more
@@ -184,8 +151,7 @@ inline void check_shape(const char* op, const char* name, const Tensor& t, IntAr
 // the caller, and silent broadcasting would hide it.
 inline void check_same(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
   check_like(op, name_a, a, name_b, b);
-  OPFORGE_CHECK(same_dims(a.sizes(), b.sizes()), op, ": ", name_a, " and ", name_b, " must have the same shape, got ",
-                dims(a.sizes()), " and ", dims(b.sizes()));
+  OPFORGE_CHECK(same_dims(a.sizes(), b.sizes()), msg::shapes_differ(op, name_a, name_b, dims(a.sizes()), dims(b.sizes())));
 }
 
 // Whether some element of `t` is stored twice: a dimension of more than one
@@ -226,16 +192,12 @@ inline bool may_overlap(const Tensor& a, const Tensor& b) {
 inline void check_out(const char* op, const Tensor& out, const Tensor& like,
                       std::initializer_list<std::pair<const char*, const Tensor*>> inputs) {
   check_defined(op, "out", out);
-  OPFORGE_CHECK(same_device(out, like), op, ": out must be on ", device_name(like), ", got ", device_name(out));
-  OPFORGE_CHECK_VALUE(out.scalar_type() == like.scalar_type(), op, ": out must have dtype ",
-                      dtype_name(like.scalar_type()), ", got ", dtype_name(out.scalar_type()));
-  OPFORGE_CHECK(same_dims(out.sizes(), like.sizes()), op, ": out must have shape ", dims(like.sizes()), ", got ",
-                dims(out.sizes()));
-  OPFORGE_CHECK(!has_internal_overlap(out), op, ": out has elements that share memory (strides ", dims(out.strides()),
-                "); pass a tensor with distinct elements");
+  OPFORGE_CHECK(same_device(out, like), msg::out_device(op, device_name(like), device_name(out)));
+  OPFORGE_CHECK_VALUE(out.scalar_type() == like.scalar_type(), msg::out_dtype(op, like.scalar_type(), out.scalar_type()));
+  OPFORGE_CHECK(same_dims(out.sizes(), like.sizes()), msg::out_shape(op, dims(like.sizes()), dims(out.sizes())));
+  OPFORGE_CHECK(!has_internal_overlap(out), msg::out_self_overlap(op, dims(out.strides())));
   for (const auto& [name, input] : inputs) {
-    OPFORGE_CHECK(!may_overlap(out, *input), op, ": out shares memory with input ", name, " (address ",
-                  out.const_data_ptr(), "); pass an out tensor that shares no memory with the inputs");
+    OPFORGE_CHECK(!may_overlap(out, *input), msg::out_shares(op, name, out.const_data_ptr()));
   }
 }
 

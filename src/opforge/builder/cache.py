@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.builder.jit import cache_root
+from opforge.builder.store import cache_root
 
 _ENTRY = re.compile(r"^(?P<name>.+)-(?P<key>[0-9a-f]{16})(?P<objects>\.objects)?$")
 

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from opforge.builder import env_cxxflags, toolchain
+from opforge.builder import toolchain
+from opforge.builder.config import env_cxxflags
 from opforge.builder.errors import BuildError
 from opforge.builder.store import cache_root
 

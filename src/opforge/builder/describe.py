@@ -17,7 +17,8 @@ def cuda_unavailable() -> str | None:
     decides), or None when it does."""
     import torch
 
-    from opforge.builder import build_cuda_flag, cuda_home, want_cuda
+    from opforge.builder.archs import cuda_home
+    from opforge.builder.config import build_cuda_flag, want_cuda
 
     if want_cuda():
         return None

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from opforge.builder import build_cuda_flag, cuda_archs, env_cxxflags, gencode_flags, want_cuda
+from opforge.builder.archs import cuda_archs, gencode_flags
+from opforge.builder.config import build_cuda_flag, env_cxxflags, want_cuda
 from opforge.builder.discover import pybind_modules, strip_comments, walk
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig, Library, cache_root, load_library, load_module

@@ -97,7 +97,8 @@ def _cuda_reason(stable: bool) -> str | None:
     """Why CUDA kernels are not built here (as opforge.builder.want_cuda decides), or None when they are."""
     import torch
 
-    from opforge.builder import build_cuda_flag, cuda_home, want_cuda
+    from opforge.builder.archs import cuda_home
+    from opforge.builder.config import build_cuda_flag, want_cuda
     from opforge.builder.describe import cuda_unavailable
 
     if want_cuda(stable=stable):
@@ -140,8 +141,8 @@ def plan(root: Path) -> Plan:
     machine can build, and the lines that say it all, skipped backends and
     left-out kernels included. Raises KernelBuilderError for a build.toml that
     cannot be built as written, BuildError for an OPFORGE_BUILD_CUDA it cannot honour."""
-    from opforge.builder import cache_root, cuda_archs, gencode_flags
-    from opforge.builder.jit import BuildConfig
+    from opforge.builder.archs import cuda_archs, gencode_flags
+    from opforge.builder.jit import BuildConfig, cache_root
     from opforge.builder.package import write_generated
     from opforge.builder.stable import target_flag
 
@@ -357,8 +358,8 @@ def build_project(root: Path, *, say: Callable[[str], None]) -> Result:
     ``torch-ext/<name>/``. Raises KernelBuilderError or BuildError."""
     import torch
 
-    from opforge.builder import BuildError, cache_root
-    from opforge.builder.jit import build_library
+    from opforge.builder.errors import BuildError
+    from opforge.builder.jit import build_library, cache_root
     from opforge.builder.store import exclusive
 
     p = plan(root)

@@ -47,8 +47,10 @@ def package_config(layout: Layout, *, with_cuda: bool | None = None) -> BuildCon
     (TORCH_EXTENSION_NAME too, so a ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``
     defines PyInit__C), with an empty PyInit__C added where no source defines one.
     A pybind11 module with another name is refused: Python would not find its init."""
-    from opforge.builder import BuildError, cache_root, cuda_archs, env_cxxflags, gencode_flags, want_cuda
-    from opforge.builder.jit import BuildConfig
+    from opforge.builder.archs import cuda_archs, gencode_flags
+    from opforge.builder.config import env_cxxflags, want_cuda
+    from opforge.builder.errors import BuildError
+    from opforge.builder.jit import BuildConfig, cache_root
     from opforge.builder.user_pch import with_torch_pch
 
     package = layout.package

@@ -125,7 +125,7 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
     Python. Either must come from ``sources`` as they are now (an editable
     install whose sources were edited since must rebuild; None: not checked),
     with CUDA kernels for every GPU here when this machine could build them."""
-    from opforge.builder import want_cuda
+    from opforge.builder.config import want_cuda
 
     if not so.is_file():
         return False, "no prebuilt library (it is built by `pip install --no-build-isolation .`)"
@@ -179,7 +179,7 @@ def _fits_torch(so: Path, target: str, version: str) -> tuple[bool, str]:
 
 def choose_prebuilt() -> tuple[Path | None, str]:
     """opforge's own prebuilt library if it fits (``prebuilt_fits``), else None; the reason, in words."""
-    from opforge.builder import library_config
+    from opforge.builder.config import library_config
 
     mode = library_mode()
     if mode in ("jit", "file"):
@@ -215,7 +215,7 @@ def load_prebuilt(so: Path) -> Library:
 def load_op_library() -> Library:
     """opforge's op library: the one ``OPFORGE_LIBRARY`` names, else the
     prebuilt one when it fits, else the JIT build."""
-    from opforge.builder import library_config
+    from opforge.builder.config import library_config
 
     named = library_file()
     if named is not None:

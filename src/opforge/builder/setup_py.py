@@ -345,7 +345,7 @@ def extension_config(ext: SetupExtension, *, with_cuda: bool, all_archs: bool = 
     macros, include and library folders as declared, then ``OPFORGE_CXXFLAGS``;
     CUDA sources only with ``with_cuda``, for the archs ``cuda_targets`` gives.
     The library is named by the module's last part (``_C``)."""
-    from opforge.builder import env_cxxflags
+    from opforge.builder.config import env_cxxflags
     from opforge.builder.errors import BuildError
     from opforge.builder.user_pch import with_torch_pch
 

@@ -225,7 +225,7 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
     import subprocess
     import time
 
-    from opforge.builder import folder_config
+    from opforge.builder.config import folder_config
     from opforge.builder.errors import explain_build_failure
     from opforge.builder.store import cache_root, exclusive
 
@@ -274,7 +274,7 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
 
 def library_extension(setup_dir: Path) -> Extension:
     """opforge's own op library as ``opforge._C``."""
-    from opforge.builder import library_config
+    from opforge.builder.config import library_config
 
     return extension(library_config(), "opforge._C", setup_dir)
 

@@ -158,15 +158,6 @@ def run_ninja(build_dir: Path) -> tuple[bool, str]:
     return res.returncode == 0, res.stdout + res.stderr
 
 
-def check_nvcc() -> None:
-    """A stable build's CUDA kernels need nvcc alone (torch's CUDA does not matter)."""
-    from opforge.builder.archs import cuda_home
-
-    home = cuda_home()
-    if home is None or not (home / "bin" / "nvcc").exists():
-        raise BuildError(f"opforge: CUDA kernels were asked for but nvcc was not found (CUDA_HOME={home}; set CUDA_HOME)")
-
-
 def build(
     cfg: BuildConfig, objects: Path, so_name: str, sources: list[Path], tc: Toolchain, pch_flags: list[str], progress: Progress
 ) -> None:
@@ -202,4 +193,4 @@ def build(
         raise explain_build_failure(cfg.name, output, log) from None
 
 
-__all__ = ["FLOOR", "build", "check_nvcc", "cudart_dir", "parse_target", "run_ninja", "target_flag", "write_ninja"]
+__all__ = ["FLOOR", "build", "cudart_dir", "parse_target", "run_ninja", "target_flag", "write_ninja"]

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from opforge.builder.archs import cuda_home
 from opforge.builder.errors import BuildError
 from opforge.builder.store import cache_root, read_json, write_json
 
@@ -114,6 +115,13 @@ def compare_cuda_versions(nvcc: str, torch_cuda: str, *, building_cuda: bool = T
         msg + " (same major version: usually works)",
         f"if the build or the kernels misbehave, point CUDA_HOME at a {torch_cuda} toolkit",
     )
+
+
+def check_stable_nvcc() -> None:
+    """A stable build's CUDA kernels need nvcc alone (torch's CUDA does not matter)."""
+    home = cuda_home()
+    if home is None or not (home / "bin" / "nvcc").exists():
+        raise BuildError(f"opforge: CUDA kernels were asked for but nvcc was not found (CUDA_HOME={home}; set CUDA_HOME)")
 
 
 def check_nvcc(nvcc: Path, torch_cuda: str | None) -> None:
@@ -379,6 +387,7 @@ __all__ = [
     "Verdict",
     "applied",
     "check_nvcc",
+    "check_stable_nvcc",
     "choose",
     "compare_cuda_versions",
     "configured_cuda_host",

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from opforge.cli import abi, doctor, profile
 from opforge.cli.args import (
     Parser,
     bench_json,
@@ -182,8 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--older-than", type=days, default=None, metavar="DAYS", help="only entries not used for this many days (0 to 36500)")
     sp.set_defaults(fn=cmd_cache_clean)
-
-    from opforge import abi, doctor, profile
 
     abi.register_cli(sub)
     doctor.register_cli(sub)

@@ -48,8 +48,9 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
     ``verified``: qualified names whose reference and bad-input checks have just passed (not run again)."""
     import torch
 
-    from opforge import bench, ceilings
-    from opforge.report import COMPILE_NOT_ON_CPU, Steps, row_line
+    from opforge.bench import ceilings
+    from opforge.bench import run as bench
+    from opforge.cli.report import COMPILE_NOT_ON_CPU, Steps, row_line
 
     name = bench.device_name(device)
     if opts.remeasure or not ceilings.cache_path(name).is_file():
@@ -100,7 +101,8 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
 def write_outputs(report: Any, opts: BenchOptions) -> bool:
     """The files asked for (JSON, CSV, plot) and the comparison with an earlier
     run; False if that comparison found a regression."""
-    from opforge import bench, ceilings
+    from opforge.bench import ceilings
+    from opforge.bench import run as bench
 
     plot_path = opts.plot_path or (Path(f"opforge-bench-{ceilings.slug(report.device_name)}.png") if opts.sweep else None)
     for path, writer in ((opts.json_path, bench.write_json), (opts.csv_path, bench.write_csv), (plot_path, bench.plot)):
@@ -119,7 +121,7 @@ def write_outputs(report: Any, opts: BenchOptions) -> bool:
 def print_notes(report: Any) -> None:
     """Why a baseline has no timing, once per op, where it is not simply left out; what
     the run changed (ceilings measured again); then the report's warnings (a busy CPU)."""
-    from opforge.report import COMPILE_NOT_ON_CPU
+    from opforge.cli.report import COMPILE_NOT_ON_CPU
 
     notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items() if note != COMPILE_NOT_ON_CPU}
     for op, impl, note in sorted(notes):
@@ -181,7 +183,7 @@ def _run_options(args: argparse.Namespace) -> BenchOptions:
     """The main job's cases: by default each op's largest case in the dtypes
     that matter on the device, torch.compile on a GPU only; ``--full``: every
     case of the sweeps, every dtype, torch.compile everywhere."""
-    from opforge.bench import BENCH_DTYPES
+    from opforge.bench.run import BENCH_DTYPES
 
     full = args.full
     dtypes = args.dtype.split(",") if args.dtype else [str(d).removeprefix("torch.") for d in BENCH_DTYPES] if full else None
@@ -195,8 +197,8 @@ def _run_options(args: argparse.Namespace) -> BenchOptions:
 def cmd_run(args: argparse.Namespace) -> int:
     """The main job: build, check, benchmark; one summary table at the end."""
     from opforge import fast
-    from opforge.check import CHECKS
-    from opforge.report import SummaryOp, summary_table
+    from opforge.check.run import CHECKS
+    from opforge.cli.report import SummaryOp, summary_table
 
     start = time.perf_counter()
     # The checks start while the fast path's first build runs; the bench waits for it.

@@ -58,11 +58,13 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
     import torch
 
     from opforge import load_library as load_library_file
-    from opforge.builder import BuildError, cuda_archs, folder_config, load_library
-    from opforge.builder.archs import all_archs_asked
+    from opforge.builder.archs import all_archs_asked, cuda_archs
+    from opforge.builder.config import folder_config
     from opforge.builder.describe import cuda_unavailable, describe
     from opforge.builder.discover import DiscoveryError, discover
+    from opforge.builder.errors import BuildError
     from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library, undefined_symbol_error
+    from opforge.builder.jit import load_library
     from opforge.builder.registrations import registers_nothing
     from opforge.builder.user_pch import with_torch_pch
 
@@ -152,8 +154,8 @@ def _build_package(layout: Any) -> int:
     into the cache, the library copied into the package as _C<EXT_SUFFIX> (as
     ``build_ext --inplace`` leaves it), then ``import <package>`` tried in a new
     process, as its user will run it."""
-    from opforge.builder import build_library
     from opforge.builder.discover import DiscoveryError
+    from opforge.builder.jit import build_library
     from opforge.builder.package import package_config, place_in_package
 
     package = layout.package
@@ -214,9 +216,10 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
     where ``build_ext --inplace`` puts it; then, all in place, imported in one
     new process, as their users will (a package whose __init__ imports every
     one of them needs all of them there)."""
-    from opforge.builder import BuildError, want_cuda
+    from opforge.builder.config import want_cuda
     from opforge.builder.describe import cuda_unavailable
     from opforge.builder.discover import DiscoveryError, read_binding
+    from opforge.builder.errors import BuildError
     from opforge.builder.package import place_library
     from opforge.builder.parallel import build_libraries
     from opforge.builder.setup_py import cuda_targets, extension_config, import_root, inplace_target, read
@@ -286,8 +289,8 @@ def _registered_nothing(folder: Path, so: Path) -> int:
 def _build_cmake(folder: Path) -> int:
     """The CMake route (opforge.builder.cmake), then every shared library it made loaded."""
     from opforge import load_library
-    from opforge.builder import BuildError
     from opforge.builder.cmake import build_cmake
+    from opforge.builder.errors import BuildError
 
     if not (folder / "CMakeLists.txt").is_file():
         usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
@@ -305,7 +308,7 @@ def _build_cmake(folder: Path) -> int:
 def _build_kernel_builder(root: Path) -> int:
     """A Hugging Face kernel-builder project (opforge.builder.kernel_builder):
     each backend built and placed, then imported as its users import it."""
-    from opforge.builder import BuildError
+    from opforge.builder.errors import BuildError
     from opforge.builder.kernel_builder import build_project
     from opforge.builder.kernel_builder_check import check
     from opforge.builder.kernel_builder_toml import KernelBuilderError

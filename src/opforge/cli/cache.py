@@ -16,7 +16,9 @@ def _mib(n: int) -> str:
 def cmd_cache_list(args: argparse.Namespace) -> int:
     import datetime
 
-    from opforge.builder import BuildError, cache, cache_root
+    from opforge.builder import cache
+    from opforge.builder.errors import BuildError
+    from opforge.builder.jit import cache_root
 
     try:
         found = cache.entries()
@@ -43,7 +45,8 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clean(args: argparse.Namespace) -> int:
-    from opforge.builder import BuildError, cache
+    from opforge.builder import cache
+    from opforge.builder.errors import BuildError
 
     try:
         removed, busy = cache.clean(args.older_than)

@@ -40,12 +40,12 @@ def check_ops(
 ) -> dict[str, list[Any]]:
     """Every check of every operator, a line per operator as each finishes;
     the results by qualified name. They run in a process of their own
-    (opforge.check_process), which a kernel may kill or hang without ending
+    (opforge.check.process), which a kernel may kill or hang without ending
     this one; ``in_process`` (default: OPFORGE_CHECK_IN_PROCESS=1 in the
     environment, as compute-sanitizer's runs set it) runs them here instead."""
-    from opforge.check import check_op
-    from opforge.check_process import DEFAULT_TIME_LIMIT_S, run_checks
-    from opforge.report import Steps, check_cell
+    from opforge.check.process import DEFAULT_TIME_LIMIT_S, run_checks
+    from opforge.check.run import check_op
+    from opforge.cli.report import Steps, check_cell
 
     reference_device = "cpu" if reference_on == "cpu" else None
     if in_process is None:
@@ -88,7 +88,7 @@ def _loads() -> Any:
     """What the checks' process loads to find the operators: what this one did."""
     import opforge
     from opforge import fast
-    from opforge.check_process import Loads
+    from opforge.check.process import Loads
     from opforge.cli.targets import loaded_targets
 
     return Loads(own_library=opforge.library is not None, wait_fast=fast.module() is not None, targets=loaded_targets())
@@ -123,7 +123,7 @@ def run_check(
     time_limit: float | None = None,
     in_process: bool | None = None,
 ) -> bool:
-    from opforge.report import check_table, worst_table
+    from opforge.cli.report import check_table, worst_table
 
     names, projects_cuda, own_library = resolve_targets(names)
     device = pick_device(device_name, projects_cuda, own_library=own_library)
@@ -152,7 +152,7 @@ def run_check(
 
 def cmd_check(args: argparse.Namespace) -> int:
     checks = args.checks.split(",") if args.checks else None
-    from opforge.check import CHECKS
+    from opforge.check.run import CHECKS
 
     for c in checks or ():
         if c not in CHECKS:

@@ -12,14 +12,14 @@ from opforge.console import out as out
 
 
 def bench_table(report) -> Any:  # noqa: ANN001
-    from opforge.report import bench_table as table
+    from opforge.cli.report import bench_table as table
 
     return table(report)
 
 
 def print_comparison(old, new) -> bool:  # noqa: ANN001
     """Ratio per case against an earlier run; False if anything regressed beyond the spread."""
-    from opforge.bench import compare
+    from opforge.bench.run import compare
 
     rows = compare(old, new)
     table = Table(title=f"against {old.device_name}, {old.date} (commit {(old.git_commit or '?')[:10]})")

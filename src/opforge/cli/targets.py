@@ -14,7 +14,7 @@ from opforge.cli.render import err, out
 if TYPE_CHECKING:
     import torch
 
-    from opforge.builder import Library
+    from opforge.builder.jit import Library
     from opforge.spec import OpSpec
 
 
@@ -23,9 +23,9 @@ def library(*, wait_fast: bool = True) -> Library:
     first build finished), so that what a command times and checks is what a
     user's calls run; a build failure is a message, not a traceback.
     ``wait_fast=False``: the fast path attaches when its build ends (the main job
-    starts its checks meanwhile and waits before timing: 11 s of 133 on a fresh H200 host)."""
+    starts its checks meanwhile and waits only before timing)."""
     import opforge
-    from opforge.builder import BuildError
+    from opforge.builder.errors import BuildError
 
     try:
         return opforge.load(wait_fast=wait_fast)
@@ -58,7 +58,7 @@ def pick_device(
 
 
 # The spec files and package folders resolve_targets loaded in this process, resolved, in order: what the
-# checks' own process loads again (opforge.check_process).
+# checks' own process loads again (opforge.check.process).
 _LOADED: list[str] = []
 
 
@@ -73,7 +73,7 @@ def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], b
     which ``opforge profile`` uses too); per directory or file, whether its operators
     have CUDA kernels; and whether opforge's own op library is needed (no names, or
     a name that is neither). A spec file's report says what was derived from the schema."""
-    from opforge.builder import BuildError
+    from opforge.builder.errors import BuildError
     from opforge.derive import describe, has_kernel_for
     from opforge.project import ProjectError, TargetNotFound, project_library, resolve_target
 
@@ -128,7 +128,7 @@ def fast_path_for_packages() -> None:
     library and the fast path's module): both are loaded before the packages
     are. Without them they are timed through torch.ops."""
     import opforge
-    from opforge.builder import BuildError
+    from opforge.builder.errors import BuildError
 
     try:
         opforge.load(wait_fast=True)

@@ -1,0 +1,458 @@
+"""``opforge check``: does each operator compute what its spec says, and is it
+registered so that autograd, fake tensors and torch.compile work?
+
+Checks per operator, all read from its spec:
+
+* reference: every sample, every dtype, fresh random data; outputs allocated by
+  the operator are poisoned (NaN) before the run and out= arguments filled with
+  NaN, so an element the kernel never writes is a mismatch; NaN/Inf where the
+  reference is finite count as mismatches; inputs must come back unchanged.
+  Then (unless the spec says ``special_values=False``) the small samples again
+  with NaN, +-Inf, +-0, subnormals and the dtype's largest finite values
+  written into their inputs: NaN must stay NaN where the reference gives NaN,
+  and an Inf must be the reference's, rounded to the output's dtype;
+* opcheck: ``torch.library.opcheck`` with its four test utils;
+* gradcheck, gradgradcheck: ``torch.autograd.gradcheck`` and ``gradgradcheck``
+  (differentiable ops only), in float64, or in float32 for an operator whose
+  spec does not take float64; and compile: ``torch.compile(fullgraph=True)``
+  equal to eager, backward included (``check_grad``);
+* bad inputs: each listed bad call raises the listed error, naming the op.
+
+Before them, one call says whether the operator writes into an argument that
+its schema does not mark as written: then that is the one failure reported,
+with the fix, and the other checks wait for it. Each call of the operator is a
+step (``check_steps``): named before it runs, and on CUDA waited for and
+checked for a kernel's error after it. A derived sample whose written argument
+the operator refuses to take in its layout (a transposed out=) is reported as
+a layout it refuses, and checked with that argument contiguous instead.
+
+How outputs are compared, and the special values written into inputs, are in
+``check_values``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import string
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from opforge.check.grad import check_compile, check_gradcheck, check_gradgradcheck
+from opforge.check.sharding import sharding_check
+from opforge.check.steps import CheckResult, KernelError, first_line, generator, sample_label, settle, step, with_grad
+from opforge.check.values import (
+    ErrorStats,
+    compare,
+    measure_error,
+    poisoned_allocations,
+    self_overlapping,
+    small,
+    tensors,
+    unchanged,
+    with_special_values,
+)
+from opforge.check.values import special_values as special_values
+from opforge.spec import OpSpec, Sample
+
+CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
+
+# opcheck runs each sample through several dispatch modes: a few layouts
+# already cover what it tests (schema, fake, autograd registration).
+_OPCHECK_MAX_NUMEL = 4096
+
+
+def to_reference(a: Any, device: torch.device | str | None = None) -> Any:
+    """An argument as the float64 reference takes it: floating tensors in
+    float64 (complex ones in complex128); integer and bool tensors (indices,
+    masks, counts) keep their dtype; on ``device`` where given."""
+    if isinstance(a, (list, tuple)):  # a Tensor[] argument
+        return type(a)(to_reference(x, device) for x in a)
+    if not isinstance(a, torch.Tensor):
+        return a
+    a = a.detach().to(device=device or a.device)
+    if a.is_floating_point():
+        return a.to(torch.float64)
+    return a.to(torch.complex128) if a.is_complex() else a
+
+
+def argument_name(spec: OpSpec, i: int) -> str:
+    args = spec.schema.arguments
+    return args[i].name if i < len(args) else f"#{i}"
+
+
+def unmarked_write_message(spec: OpSpec, positions: Sequence[int]) -> str:
+    """What is wrong when the operator writes into the arguments at ``positions``, which its schema does not mark, and the fix."""
+    args = spec.schema.arguments
+    names = [argument_name(spec, i) for i in positions]
+    used = {s for a in args if a.alias_info is not None for s in a.alias_info.before_set}
+    letters = iter(c for c in string.ascii_lowercase if c not in used)
+    declared = []
+    for i, name in zip(positions, names, strict=True):
+        kind = str(args[i].type) if i < len(args) else "Tensor"
+        suffix = "[]" if kind.startswith("List") else "?" if kind.startswith("Optional") else ""
+        declared.append(f"`Tensor({next(letters)}!){suffix} {name}`")
+    them = "it" if len(names) == 1 else "them"
+    listed = " and ".join(names)
+    return (
+        f"writes into argument{'s' if len(names) > 1 else ''} {listed}, which its schema does not mark as written: "
+        f"if writing {them} is the operator's job, declare {them} {', '.join(declared)} in its schema (now: {spec.schema}); "
+        f"if not, the kernel overwrites an input it must only read"
+    )
+
+
+def run_reference(
+    spec: OpSpec,
+    sample: Sample,
+    dtype: torch.dtype,
+    errors: list[ErrorStats] | None = None,
+    reference_device: torch.device | str | None = None,
+) -> str | None:
+    """Runs one sample through the operator and the float64 reference; None if
+    they agree. ``errors`` (if given) receives each output's ErrorStats. The
+    reference runs on the sample's device unless ``reference_device`` says
+    otherwise (the sanitizer runs put it on the CPU: its report is then about
+    the operator's kernels, not about PyTorch's own kernels computing the
+    reference, whose multi-block reductions initcheck flags)."""
+    op = spec.overload
+    mutated = spec.mutated_args
+    args = list(sample.args)
+    for i in mutated:
+        if args[i].is_floating_point():
+            args[i].fill_(float("nan"))
+    inputs_before = [a.clone() if isinstance(a, torch.Tensor) and i not in mutated else None for i, a in enumerate(args)]
+
+    ref_args = [to_reference(a, reference_device) for a in args]
+    expected = spec.reference(*ref_args, **{k: to_reference(v, reference_device) for k, v in sample.kwargs.items()})
+    # The first tensor argument's device (an optional first argument may be None, a Tensor[] one a list).
+    device = tensors(args)[0].device
+    with poisoned_allocations():
+        got = op(*args, **sample.kwargs)
+    settle(device)
+
+    pairs = list(zip(tensors(got), tensors(expected), strict=False))
+    if len(tensors(got)) != len(tensors(expected)):
+        return f"returned {len(tensors(got))} tensors, reference {len(tensors(expected))}"
+    pairs += [(args[i], ref_args[i]) for i in mutated]
+    atol, rtol = spec.tolerance(dtype, sample)
+    problems = []
+    for k, (o, r) in enumerate(pairs):
+        if o.dtype != dtype:
+            return f"output {k} has dtype {o.dtype}, expected {dtype}"
+        if o.device != device:
+            return f"output {k} is on {o.device}, expected {device}"
+        if errors is not None and o.shape == r.shape:
+            errors.append(measure_error(o, r, atol, rtol))
+        problem = compare(o, r, atol, rtol)
+        if problem:
+            problems.append(f"output {k}: {problem}")
+    if problems:
+        return "; ".join(problems)
+    written = [i for i, before in enumerate(inputs_before) if before is not None and not unchanged(before, args[i])]
+    if written:
+        return unmarked_write_message(spec, written)
+    return None
+
+
+def reference_cases(spec: OpSpec, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[tuple[Sample, bool]]:
+    """What the reference check runs in one dtype: (sample, False) for each of the
+    spec's samples, each followed by (its copy with special values, True) where
+    ``with_special_values`` gives one and the spec does not opt out."""
+    for sample in spec.samples(device, dtype, gen):
+        # Drawn before the plain run, which might write into an input.
+        special = with_special_values(spec, sample, dtype, gen) if spec.special_values else None
+        yield sample, False
+        if special is not None:
+            yield special, True
+
+
+def contiguous_written(spec: OpSpec, sample: Sample) -> tuple[Sample, str] | None:
+    """For a sample derived from the schema (``opforge.spec`` without
+    ``samples=``) whose written arguments are not all contiguous (a transposed
+    out=): the sample with those made contiguous, and what they were ("out with
+    strides [1, 33]"). None for any other sample: a spec's own samples are
+    what its operator must take."""
+    if "samples" not in spec.derived:
+        return None
+    args, what = list(sample.args), []
+    for i in spec.mutated_args:
+        a = args[i]
+        if isinstance(a, torch.Tensor) and not a.is_contiguous():
+            what.append(f"{argument_name(spec, i)} with strides {list(a.stride())} ({sample.desc.split(',')[0]})")
+            args[i] = a.contiguous()
+    if not what:
+        return None
+    return Sample(tuple(args), sample.kwargs, f"{sample.desc}, written contiguous"), " and ".join(what)
+
+
+def _refusals_noted(res: CheckResult, refused: dict[str, str]) -> CheckResult:
+    """The layouts the operator refused, in the result's note and tag."""
+    if refused:
+        res.tag = f"{len(refused)} layout{'s' if len(refused) > 1 else ''} refused"
+        res.note = "; ".join(f"refuses {what}: {why}; checked with it contiguous instead" for what, why in refused.items())
+    return res
+
+
+def check_reference(
+    spec: OpSpec, device: torch.device, seed: int, seeds: int = 1, reference_device: torch.device | str | None = None
+) -> CheckResult:
+    """Every sample in every dtype, with ``seeds`` fresh draws each (seed, seed+1, ...),
+    then the small ones with special values (``with_special_values``) unless the
+    spec opts out; ``worst`` keeps the largest error per case ("dtype [layout]")
+    across them. A special-values case enters ``worst`` only with a mismatch:
+    beside a largest finite value, an ordinary one's exact sum is off by an
+    absolute error of its own size, which says nothing about precision."""
+    res = CheckResult(spec.name, "reference", "pass")
+    refused: dict[str, str] = {}
+
+    def attempt(sample: Sample, dtype: torch.dtype, errors: list[ErrorStats]) -> str | None:
+        step(spec, "reference", sample_label(spec, dtype, sample))
+        try:
+            return run_reference(spec, sample, dtype, errors, reference_device)
+        except KernelError as exc:
+            return str(exc)
+
+    def run(sample: Sample, dtype: torch.dtype, k: int, special: bool) -> None:
+        res.count += 1
+        errors: list[ErrorStats] = []
+        try:
+            try:
+                problem = attempt(sample, dtype, errors)
+            except Exception as exc:
+                retry = contiguous_written(spec, sample)
+                if retry is None:
+                    raise
+                errors.clear()
+                problem = attempt(retry[0], dtype, errors)
+                refused.setdefault(retry[1], first_line(exc.__cause__ or exc))
+        except Exception as exc:  # noqa: BLE001 - report, keep checking
+            problem = first_line(exc)
+        case = f"{str(dtype).removeprefix('torch.')} [{sample.desc}]"
+        for e in errors:
+            if not special or e.n_bad:
+                res.worst[case] = res.worst[case].worse(e) if case in res.worst else e
+        if problem:
+            res.failures.append(f"{sample_label(spec, dtype, sample)} (seed {seed + k}): {problem}")
+
+    for k in range(seeds):
+        gen = generator(device, seed + k)
+        for dtype in spec.dtypes:
+            for sample, special in reference_cases(spec, device, dtype, gen):
+                run(sample, dtype, k, special)
+    return _refusals_noted(res.close(), refused)
+
+
+def check_opcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """``torch.library.opcheck`` with its four test utils: schema, autograd registration, fake tensor, AOT dispatch."""
+    res = CheckResult(spec.name, "opcheck", "pass")
+    refused: dict[str, str] = {}
+    gen = generator(device, seed)
+
+    def opcheck(sample: Sample) -> None:
+        torch.library.opcheck(spec.overload, sample.args, dict(sample.kwargs))
+        settle(device)
+
+    for dtype in spec.dtypes:
+        samples = [s for s in spec.samples(device, dtype, gen) if small(s, _OPCHECK_MAX_NUMEL)]
+        if dtype != torch.float32:
+            samples = samples[:2]  # every layout in float32; the dtypes once or twice each
+        for sample in samples:
+            if spec.differentiable:
+                sample = with_grad(spec, sample)
+            res.count += 1
+            label = sample_label(spec, dtype, sample)
+            step(spec, "opcheck", label)
+            try:
+                try:
+                    opcheck(sample)
+                except Exception as exc:
+                    retry = contiguous_written(spec, sample)
+                    if retry is None:
+                        raise
+                    opcheck(retry[0])
+                    refused.setdefault(retry[1], first_line(exc.__cause__ or exc))
+            except Exception as exc:  # noqa: BLE001
+                res.failures.append(f"{label}: {first_line(exc)}")
+    return _refusals_noted(res.close(), refused)
+
+
+def fake_call(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """The call as torch.compile traces it: through the fake kernel, on fake
+    tensors (one per real tensor, so that aliased inputs stay aliased)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    memo: dict[int, Any] = {}
+
+    def fake(x: Any) -> Any:
+        return memo.setdefault(id(x), mode.from_tensor(x)) if isinstance(x, torch.Tensor) else x
+
+    fargs, fkwargs = [fake(a) for a in args], {k: fake(v) for k, v in kwargs.items()}
+    # torch logs every exception a fake kernel raises, with its traceback; here
+    # the exception is the expected answer, so it stays out of the report.
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with mode:
+            spec.overload(*fargs, **fkwargs)
+    finally:
+        log.setLevel(level)
+
+
+def _expect_refusal(call: Callable[[], Any], bad: Any, where: str) -> str | None:
+    """None when ``call`` raises ``bad.error`` with the expected words, else what went wrong."""
+    try:
+        call()
+    except bad.error as exc:
+        if not re.search(bad.match, str(exc)):
+            return f"{where}message {str(exc).splitlines()[0]!r} does not match {bad.match!r}"
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return f"{where}raised {first_line(exc)}, expected {bad.error.__name__}"
+    return f"{where}did not raise"
+
+
+def check_bad_inputs(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """Each bad input is refused by the kernel and, unless it is a rule about
+    values, by the fake kernel too, in the same words: an eager call and a
+    torch.compile trace then fail alike."""
+    bad_inputs = list(spec.bad_inputs(device))
+    if not bad_inputs:
+        return CheckResult(spec.name, "bad inputs", "n/a", note="none declared")
+    res = CheckResult(spec.name, "bad inputs", "pass")
+    has_fake = torch._C._dispatch_has_kernel_for_dispatch_key(spec.qualname, "Meta")
+    for bad in bad_inputs:
+        res.count += 1
+        step(spec, "bad inputs", f"{spec.name} [{bad.desc}]")
+        failure = _expect_refusal(lambda b=bad: spec.overload(*b.args, **b.kwargs), bad, "")
+        try:
+            settle(device)
+        except KernelError as exc:
+            failure = failure or str(exc)
+        if failure is None and has_fake and bad.traced:
+            failure = _expect_refusal(lambda b=bad: fake_call(spec, b.args, dict(b.kwargs)), bad, "under the fake kernel: ")
+        if failure is not None:
+            res.failures.append(f"{spec.name} [{bad.desc}]: {failure}")
+    if not has_fake:
+        res.note = "no fake kernel: checked eagerly only"
+    return res.close()
+
+
+def check_sharding(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """Every declared sharding strategy on a simulated mesh (opforge.check.sharding)."""
+    return sharding_check(spec, device, seed, CheckResult)
+
+
+CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] = {
+    "reference": check_reference,
+    "opcheck": check_opcheck,
+    "gradcheck": check_gradcheck,
+    "gradgradcheck": check_gradgradcheck,
+    "compile": check_compile,
+    "bad inputs": check_bad_inputs,
+    "sharding": check_sharding,
+}
+
+
+def unmarked_writes(spec: OpSpec, device: torch.device, seed: int, check: str = "reference") -> list[int]:
+    """Positions of the tensor arguments that one call of the operator (its
+    first sample that holds elements) writes into although its schema does not
+    mark them as written. [] where the call raises: the checks say why; but a
+    CUDA error the call leaves (KernelError) is raised, with the sample named."""
+    dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+    samples = spec.samples(device, dtype, generator(device, seed))
+    sample = next((s for s in samples if tensors(s.args) and all(t.numel() > 0 for t in tensors(s.args))), None)
+    if sample is None:
+        return []
+    mutated = set(spec.mutated_args)
+    before = {i: [t.clone() for t in tensors(a)] for i, a in enumerate(sample.args) if i not in mutated and tensors(a)}
+    label = sample_label(spec, dtype, sample)
+    step(spec, check, f"{label}: does it write an argument its schema does not mark?")
+    try:
+        spec.overload(*sample.args, **sample.kwargs)
+        settle(device)
+    except KernelError as exc:
+        raise KernelError(f"{label}: {exc}") from None
+    except Exception:  # noqa: BLE001
+        return []
+    return [i for i, ts in before.items() if not all(unchanged(b, a) for b, a in zip(ts, tensors(sample.args[i]), strict=True))]
+
+
+def check_op(
+    spec: OpSpec,
+    device: torch.device,
+    seed: int,
+    checks: Sequence[str] = CHECKS,
+    seeds: int = 1,
+    reference_device: torch.device | str | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> list[CheckResult]:
+    """The checks of one operator, in order (``on_result`` is called with each
+    as it ends). An operator that writes into an argument its schema does not
+    mark fails the first check with that, once, and the rest are not run: each
+    would fail for it (an input modified, opcheck's schema test, a compiled
+    graph that assumes the argument unchanged)."""
+    results: list[CheckResult] = []
+
+    def add(result: CheckResult) -> None:
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    checks = list(checks)
+    try:
+        written = unmarked_writes(spec, device, seed, checks[0]) if checks else []
+    except KernelError as exc:  # its first call: the first check's failure, whose own run would meet it first
+        add(CheckResult(spec.name, checks[0], "fail", count=1, failures=[str(exc)]))
+        checks, written = checks[1:], []
+    except Exception:  # noqa: BLE001 - samples that cannot be drawn: the checks say so
+        written = []
+    if written:
+        first, *rest = checks
+        add(CheckResult(spec.name, first, "fail", count=1, failures=[f"{spec.qualname} {unmarked_write_message(spec, written)}"],
+                        tag="schema"))  # fmt: skip
+        for name in rest:
+            add(CheckResult(spec.name, name, "n/a", note="not run: its schema must mark what it writes first"))
+        return results
+    for name in checks:
+        try:
+            if name == "reference":
+                add(check_reference(spec, device, seed, seeds, reference_device))
+            else:
+                add(CHECK_FUNCTIONS[name](spec, device, seed))
+        except Exception:  # noqa: BLE001 - a crash in one check must not hide the others
+            add(CheckResult(spec.name, name, "fail", failures=[traceback.format_exc(limit=3)]))
+    return results
+
+
+__all__ = [
+    "CHECKS",
+    "CHECK_FUNCTIONS",
+    "CheckResult",
+    "ErrorStats",
+    "check_bad_inputs",
+    "check_compile",
+    "check_gradcheck",
+    "check_gradgradcheck",
+    "check_op",
+    "check_opcheck",
+    "check_reference",
+    "compare",
+    "contiguous_written",
+    "fake_call",
+    "generator",
+    "measure_error",
+    "poisoned_allocations",
+    "reference_cases",
+    "run_reference",
+    "self_overlapping",
+    "special_values",
+    "to_reference",
+    "unmarked_write_message",
+    "unmarked_writes",
+    "with_special_values",
+]
