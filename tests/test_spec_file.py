@@ -215,15 +215,17 @@ def test_derived_samples_cover_odd_sizes_a_transposed_and_an_empty_one():
 def test_derived_samples_fill_lists_optionals_bools_and_keywords():
     s = opforge.spec(f"{NS}::mixed", reference=lambda x, ys, w, flag, eps=0.5, *, n: (x + ys[0] * ys[1]) * n if flag else x - eps)
     samples = list(s.samples(CPU, torch.float32, torch.Generator().manual_seed(0)))
-    flags = set()
+    flags, weights = set(), set()
     for smp in samples:
         x, ys, w, flag = smp.args  # eps keeps its default: not passed
         assert isinstance(ys, list) and len(ys) == 2 and all(y.shape == x.shape for y in ys)
-        assert w is None
+        assert w is None or w.shape == x.shape
+        weights.add(w is None)
+        assert f"w={'None' if w is None else 'tensor'}" in smp.desc
         flags.add(flag)
         assert f"flag={flag}" in smp.desc
         assert isinstance(smp.kwargs["n"], int) and 1 <= smp.kwargs["n"] <= 4
-    assert flags == {True, False}
+    assert flags == {True, False} and weights == {True, False}
 
 
 def test_derived_cost_counts_inputs_and_outputs_once_and_a_flop_per_output_element():

@@ -68,15 +68,16 @@ _OPCHECK_MAX_NUMEL = 4096
 def to_reference(a: Any, device: torch.device | str | None = None) -> Any:
     """An argument as the float64 reference takes it: floating tensors in
     float64 (complex ones in complex128); integer and bool tensors (indices,
-    masks, counts) keep their dtype; on ``device`` where given."""
+    masks, counts) keep their dtype; on ``device`` where given. Always a copy:
+    a reference that writes into an argument (an in-place or out= operator's)
+    must not write into the operator's own."""
     if isinstance(a, (list, tuple)):  # a Tensor[] argument
         return type(a)(to_reference(x, device) for x in a)
     if not isinstance(a, torch.Tensor):
         return a
-    a = a.detach().to(device=device or a.device)
-    if a.is_floating_point():
-        return a.to(torch.float64)
-    return a.to(torch.complex128) if a.is_complex() else a
+    a = a.detach()
+    dtype = torch.float64 if a.is_floating_point() else torch.complex128 if a.is_complex() else a.dtype
+    return a.to(device=device or a.device, dtype=dtype, copy=True)
 
 
 def argument_name(spec: OpSpec, i: int) -> str:
@@ -120,22 +121,43 @@ def run_reference(
     op = spec.overload
     mutated = spec.mutated_args
     args = list(sample.args)
-    for i in mutated:
-        if args[i].is_floating_point():
-            args[i].fill_(float("nan"))
+    # Written arguments keep the values drawn: an in-place operator reads them, and
+    # an out= one that writes nothing leaves values the reference's cannot match.
     inputs_before = [a.clone() if isinstance(a, torch.Tensor) and i not in mutated else None for i, a in enumerate(args)]
 
     ref_args = [to_reference(a, reference_device) for a in args]
-    expected = spec.reference(*ref_args, **{k: to_reference(v, reference_device) for k, v in sample.kwargs.items()})
+    ref_kwargs = {k: to_reference(v, reference_device) for k, v in sample.kwargs.items()}
+    ref_before = [to_reference(a) if inputs_before[i] is not None else None for i, a in enumerate(ref_args)]
+    expected = spec.reference(*ref_args, **ref_kwargs)
+    ref_written = [i for i, before in enumerate(ref_before) if before is not None and not unchanged(before, ref_args[i])]
+    if ref_written:
+        names = " and ".join(argument_name(spec, i) for i in ref_written)
+        return (
+            f"the reference writes into {names}, which the schema does not mark as written: the reference must leave "
+            "its inputs as they are (compute into a new tensor, or clone first)"
+        )
     # The first tensor argument's device (an optional first argument may be None, a Tensor[] one a list).
     device = tensors(args)[0].device
     with poisoned_allocations():
         got = op(*args, **sample.kwargs)
     settle(device)
 
-    pairs = list(zip(tensors(got), tensors(expected), strict=False))
-    if len(tensors(got)) != len(tensors(expected)):
-        return f"returned {len(tensors(got))} tensors, reference {len(tensors(expected))}"
+    expected_tensors = tensors(expected)
+    if not spec.returns_tensor and mutated:
+        # An in-place reference may return what it wrote into (x.add_(1)): the written argument is compared anyway.
+        written_refs = [ref_args[i] for i in mutated]
+        if all(any(t is w for w in written_refs) for t in expected_tensors):
+            expected_tensors = []
+        else:
+            names = " and ".join(argument_name(spec, i) for i in mutated)
+            return (
+                f"the reference returned {len(expected_tensors)} new tensor{'s' if len(expected_tensors) != 1 else ''} but the "
+                f"schema returns nothing ({spec.schema}): the operator's result is what it writes into {names}, so the reference "
+                f"must write it there too (as x.add_(1) or out.copy_(...) do) and return None or that argument"
+            )
+    if len(tensors(got)) != len(expected_tensors):
+        return f"returned {len(tensors(got))} tensors, reference {len(expected_tensors)}"
+    pairs = list(zip(tensors(got), expected_tensors, strict=False))
     pairs += [(args[i], ref_args[i]) for i in mutated]
     atol, rtol = spec.tolerance(dtype, sample)
     problems = []
@@ -148,7 +170,8 @@ def run_reference(
             errors.append(measure_error(o, r, atol, rtol))
         problem = compare(o, r, atol, rtol)
         if problem:
-            problems.append(f"output {k}: {problem}")
+            n_out = len(expected_tensors)
+            problems.append(f"{f'output {k}' if k < n_out else f'written argument {argument_name(spec, mutated[k - n_out])}'}: {problem}")
     if problems:
         return "; ".join(problems)
     written = [i for i, before in enumerate(inputs_before) if before is not None and not unchanged(before, args[i])]
