@@ -19,7 +19,8 @@ import opforge
 from opforge.bench import bench_op
 from opforge.check import check_op, check_reference
 from opforge.check_values import measure_error
-from opforge.spec import SpecError
+from opforge.derive import DeriveError
+from opforge.spec import Sample, SpecError
 
 PLANTED = Path(__file__).parent / "fixtures" / "planted_ops"
 sys.path.insert(0, str(PLANTED))
@@ -202,3 +203,46 @@ def test_dtypes_may_be_named_and_a_wrong_name_is_an_error_naming_the_spec():
 def test_a_tolerance_that_is_negative_or_not_a_number_is_an_error_naming_the_spec(tol):
     with pytest.raises(SpecError, match=r"spec of planted_ops::twice: tolerances\[float32\]: .* is not an \(atol, rtol\) pair"):
         opforge.spec(OPS.twice.default, reference=lambda x: x * 2, tolerances={torch.float32: tol})
+
+
+# --- specs that are wrong themselves ---
+
+
+def _raw_tensor(device, dtype, gen):
+    yield torch.randn(3, 4, device=device, dtype=dtype, generator=gen)
+
+
+def _nothing(device, dtype, gen):
+    return iter(())
+
+
+def _bare_arguments(device, dtype, gen):
+    yield Sample(torch.randn(4, device=device, dtype=dtype, generator=gen))
+
+
+@pytest.mark.parametrize(
+    ("samples", "says"),
+    [
+        (_raw_tensor, r"samples= yielded a Tensor of shape \[3, 4\] as its sample 0, not a Sample: yield Sample\(\(x, \.\.\.\)\)"),
+        (_nothing, r"samples= yielded no sample for float32 on cpu"),
+        (_bare_arguments, r"samples= yielded Sample\(Tensor\) as its sample 0: Sample takes the call's arguments as a tuple"),
+    ],
+    ids=["raw tensor", "nothing", "bare arguments"],
+)
+def test_samples_that_are_not_samples_fail_in_one_line_naming_the_spec(samples, says, seed):
+    spec = opforge.spec(OPS.twice.default, reference=lambda x: x * 2, samples=samples, bench_cases=samples)
+    first, *rest = check_op(spec, CPU, seed)
+    assert first.status == "fail" and len(first.failures) == 1
+    (failure,) = first.failures
+    assert "\n" not in failure and failure.startswith("spec of planted_ops::twice: "), failure
+    assert re.search(says, failure), failure
+    assert rest and all(r.status == "n/a" for r in rest)
+
+
+def test_a_derived_spec_of_a_packet_whose_default_takes_no_tensor_asks_for_the_overload():
+    with pytest.raises(
+        DeriveError,
+        match=r"aten::add: its default overload \(aten::add\(Scalar a, Scalar b\) -> Scalar\) takes no Tensor; .*aten::add\.Tensor",
+    ):
+        opforge.spec(torch.ops.aten.add, reference=torch.add)
+    assert opforge.spec(torch.ops.aten.add.Tensor, reference=torch.add).overload_name == "Tensor"

@@ -294,3 +294,48 @@ def test_without_an_autograd_formula_gradcheck_is_not_applicable(name, seed):
     assert not s.differentiable
     res = check_gradcheck(s, CPU, seed)
     assert res.status == "n/a" and res.note == "no autograd formula"
+
+
+# --- command lines and spec files that are wrong themselves ---
+
+
+@pytest.mark.parametrize("checks", ["", ",", "reference,"])
+def test_an_empty_check_name_is_a_usage_error(checks, capsys):
+    from opforge.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--checks", checks, "--device", "cpu"])
+    assert exc.value.code == 2
+    assert f"--checks {checks!r} names an empty check" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "says"), [("import torch\n", "defines no SPECS"), ("SPECS = []\n", "SPECS is empty")])
+def test_a_spec_file_without_specs_is_a_usage_error_naming_the_file(text, says, tmp_path, capsys):
+    from opforge.cli import main
+
+    path = tmp_path / "lacking_spec.py"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(path), "--device", "cpu"])
+    assert exc.value.code == 2
+    assert f"lacking_spec.py{':' if 'empty' in says else ''} {says}" in capsys.readouterr().err
+
+
+def test_a_spec_file_that_exits_is_an_error_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "exiting_spec.py"
+    path.write_text("import sys\n\nsys.exit(3)\n")
+    with pytest.raises(ProjectError, match=r"exiting_spec\.py:3: the spec file called sys\.exit\(3\) while it was loaded"):
+        load_spec_file(path)
+    res = opforge_cli("check", str(path), "--device", "cpu", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "exiting_spec.py:3: the spec file called sys.exit(3)" in res.stderr
+
+
+def test_a_spec_file_over_opforges_own_operator_is_checked_with_its_reference(tmp_path, seed):
+    path = tmp_path / "own_spec.py"
+    path.write_text("import torch, opforge\n\nSPECS = [opforge.spec(torch.ops.opforge.square.default, reference=lambda x: x * x + 1)]\n")
+    res = opforge_cli("check", str(path), "--device", "cpu", "--seed", str(seed), "--checks", "reference", cwd=tmp_path)
+    # The file's reference (off by one) is the one checked: the operator is found, and fails against it.
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "x reference: square float32 [scalar] (seed" in res.stdout and "want" in res.stdout, res.stdout + res.stderr
+    assert "no attribute" not in res.stdout + res.stderr

@@ -56,7 +56,7 @@ from opforge.check_values import (
     with_special_values,
 )
 from opforge.check_values import special_values as special_values
-from opforge.spec import OpSpec, Sample
+from opforge.spec import OpSpec, Sample, SpecError
 
 CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
 
@@ -260,11 +260,14 @@ def check_reference(
         if problem:
             res.failures.append(f"{sample_label(spec, dtype, sample)} (seed {seed + k}): {problem}")
 
-    for k in range(seeds):
-        gen = generator(device, seed + k)
-        for dtype in spec.dtypes:
-            for sample, special in reference_cases(spec, device, dtype, gen):
-                run(sample, dtype, k, special)
+    try:
+        for k in range(seeds):
+            gen = generator(device, seed + k)
+            for dtype in spec.dtypes:
+                for sample, special in reference_cases(spec, device, dtype, gen):
+                    run(sample, dtype, k, special)
+    except SpecError as exc:  # samples= yields what is not a Sample
+        res.failures.append(str(exc))
     return _refusals_noted(res.close(), refused)
 
 
@@ -432,6 +435,12 @@ def check_op(
     except KernelError as exc:  # its first call: the first check's failure, whose own run would meet it first
         add(CheckResult(spec.name, checks[0], "fail", count=1, failures=[str(exc)]))
         checks, written = checks[1:], []
+    except SpecError as exc:  # samples= yields what is not a Sample: every check would fail for it
+        first, *rest = checks
+        add(CheckResult(spec.name, first, "fail", count=1, failures=[str(exc)], tag="spec"))
+        for name in rest:
+            add(CheckResult(spec.name, name, "n/a", note="not run: its spec's samples= must yield Samples first"))
+        return results
     except Exception:  # noqa: BLE001 - samples that cannot be drawn: the checks say so
         written = []
     if written:
@@ -447,6 +456,8 @@ def check_op(
                 add(check_reference(spec, device, seed, seeds, reference_device))
             else:
                 add(CHECK_FUNCTIONS[name](spec, device, seed))
+        except SpecError as exc:  # the spec's fault, said in its own line
+            add(CheckResult(spec.name, name, "fail", failures=[str(exc)], tag="spec"))
         except Exception:  # noqa: BLE001 - a crash in one check must not hide the others
             add(CheckResult(spec.name, name, "fail", failures=[traceback.format_exc(limit=3)]))
     return results

@@ -73,10 +73,18 @@ def resolve(op: Any) -> torch._ops.OpOverload:
     if isinstance(op, torch._library.custom_ops.CustomOpDef):
         return op._opoverload
     if isinstance(op, torch._ops.OpOverloadPacket):
-        if "default" not in op.overloads():
-            names = ", ".join(f"{op._qualified_op_name}.{o}" for o in op.overloads())
-            raise DeriveError(f"{op._qualified_op_name} has no default overload; name one of {names}")
-        return op.default
+        overloads = op.overloads()
+        # A default overload without a Tensor argument (aten::add's is add(Scalar a, Scalar b) -> Scalar) is never the one meant.
+        takes_tensor = [o for o in overloads if any("Tensor" in str(a.type) for a in getattr(op, o)._schema.arguments)]
+        if "default" in takes_tensor:
+            return op.default
+        names = ", ".join(f"{op._qualified_op_name}.{o}" for o in takes_tensor or overloads)
+        if "default" in overloads:
+            raise DeriveError(
+                f"{op._qualified_op_name}: its default overload ({op.default._schema}) takes no Tensor; name the overload to check, "
+                f"one of {names}"
+            )
+        raise DeriveError(f"{op._qualified_op_name} has no default overload; name one of {names}")
     if isinstance(op, str):
         namespace, sep, rest = op.partition("::")
         name, _, overload = rest.partition(".")

@@ -14,7 +14,7 @@ import importlib
 import inspect
 import math
 import pkgutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,44 @@ class Cost:
 
 
 SampleFn = Callable[[torch.device, torch.dtype, torch.Generator], Iterable[Sample]]
+
+
+_IMPORT = "from opforge.spec import Sample"
+
+
+class CheckedSamples:
+    """A spec's ``samples=`` function, yielding what it yields once each item is
+    known to be a ``Sample`` of a tuple of arguments: a raw tensor or a bare
+    argument list, or a function that yields nothing, is a SpecError naming the
+    operator, not an AttributeError deep in a check."""
+
+    def __init__(self, fn: SampleFn, qualname: str, field_name: str = "samples") -> None:
+        self.fn, self.qualname, self.field_name = fn, qualname, field_name
+
+    def __call__(self, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[Sample]:
+        where = f"spec of {self.qualname}: {self.field_name}="
+        drawn = self.fn(device, dtype, gen)
+        if drawn is None or isinstance(drawn, (torch.Tensor, Sample)) or not isinstance(drawn, Iterable):
+            raise SpecError(f"{where} returned {type(drawn).__name__}, not Samples; yield Sample((x, ...)) per call ({_IMPORT})")
+        n = 0
+        for item in drawn:
+            if not isinstance(item, Sample):
+                what = f"Tensor of shape {list(item.shape)}" if isinstance(item, torch.Tensor) else f"{type(item).__name__} ({item!r:.40})"
+                raise SpecError(
+                    f"{where} yielded a {' '.join(what.split())} as its sample {n}, not a Sample: "
+                    f"yield Sample((x, ...)), the call's arguments as a tuple ({_IMPORT})"
+                )
+            if not isinstance(item.args, tuple):
+                raise SpecError(
+                    f"{where} yielded Sample({type(item.args).__name__}) as its sample {n}: Sample takes the call's arguments "
+                    "as a tuple, as Sample((x,)) for one"
+                )
+            n += 1
+            yield item
+        if not n:
+            raise SpecError(f"{where} yielded no sample for {str(dtype).removeprefix('torch.')} on {device}: yield at least one Sample")
+
+
 # A baseline of `opforge bench` besides the reference: from one of the op's
 # samples, the function to time and its own arguments, prepared untimed (for
 # example the float16 matmul that a quantised operator replaces).
@@ -199,6 +237,8 @@ class OpSpec:
         if not callable(self.samples):
             got = f"{self.samples!r:.50}"
             raise SpecError(f"{where}: samples= must be a function (device, dtype, generator) yielding Sample(args), got {got}")
+        if not isinstance(self.samples, CheckedSamples):
+            self.samples = CheckedSamples(self.samples, f"{self.namespace}::{self.name}")
 
     @property
     def qualname(self) -> str:
@@ -367,6 +407,23 @@ def register(spec: OpSpec) -> OpSpec:
         raise ValueError(f"{spec.qualname}: a spec for this operator is already registered")
     spec.overload  # noqa: B018 - fails clearly if the C++ side lacks it
     spec._register()
+    _REGISTRY[spec.qualname] = spec
+    return spec
+
+
+def replace_registered(spec: OpSpec) -> OpSpec:
+    """A spec file's spec over one of opforge's own operators, in place of the
+    library's spec in this process (its checks and timings use the file's
+    reference, samples and tolerances). It may add nothing to the operator: a
+    fake kernel or autograd formula would be a second registration."""
+    if spec.qualname not in _REGISTRY:
+        return register(spec)
+    if not spec.owner_registered or spec.fake is not None or spec.backward is not None:
+        raise ValueError(
+            "a spec for this operator is already registered (opforge's own): a spec over it may give its reference, samples "
+            "and tolerances, not fake=, backward= or owner_registered=False"
+        )
+    spec.function = _REGISTRY[spec.qualname].function
     _REGISTRY[spec.qualname] = spec
     return spec
 
