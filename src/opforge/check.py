@@ -4,13 +4,18 @@ registered so that autograd, fake tensors and torch.compile work?
 Checks per operator, all read from its spec:
 
 * reference: every sample, every dtype, fresh random data; outputs allocated by
-  the operator are poisoned (NaN) before the run and out= arguments filled with
-  NaN, so an element the kernel never writes is a mismatch; NaN/Inf where the
-  reference is finite count as mismatches; inputs must come back unchanged.
-  Then (unless the spec says ``special_values=False``) the small samples again
-  with NaN, +-Inf, +-0, subnormals and the dtype's largest finite values
-  written into their inputs: NaN must stay NaN where the reference gives NaN,
-  and an Inf must be the reference's, rounded to the output's dtype;
+  the operator are poisoned (NaN) before the run, so an element the kernel never
+  writes is a mismatch; the reference gets its own copy of every argument, and
+  each argument the schema marks written (in-place or out=) keeps its drawn
+  values, so that an in-place kernel reads them and one that writes nothing
+  leaves values the reference's do not match; NaN/Inf where the reference is
+  finite count as mismatches; inputs must come back unchanged, the reference's
+  too (one that writes into its input is named as the culprit). Then (unless
+  the spec says ``special_values=False``) the small samples again with NaN,
+  +-Inf, +-0, subnormals and the dtype's largest finite values written into
+  their inputs: NaN must stay NaN where the reference gives NaN, an Inf must
+  be the reference's, rounded to the output's dtype, a subnormal result must
+  not be flushed to zero; in every sample a zero must have the reference's sign;
 * opcheck: ``torch.library.opcheck`` with its four test utils;
 * gradcheck, gradgradcheck: ``torch.autograd.gradcheck`` and ``gradgradcheck``
   (differentiable ops only), in float64, or in float32 for an operator whose
@@ -111,9 +116,13 @@ def run_reference(
     dtype: torch.dtype,
     errors: list[ErrorStats] | None = None,
     reference_device: torch.device | str | None = None,
+    *,
+    special: bool = False,
 ) -> str | None:
     """Runs one sample through the operator and the float64 reference; None if
-    they agree. ``errors`` (if given) receives each output's ErrorStats. The
+    they agree. ``errors`` (if given) receives each output's ErrorStats;
+    ``special``: the sample holds special values (subnormal results are then
+    compared without the absolute tolerance, ``measure_error``). The
     reference runs on the sample's device unless ``reference_device`` says
     otherwise (the sanitizer runs put it on the CPU: its report is then about
     the operator's kernels, not about PyTorch's own kernels computing the
@@ -167,8 +176,8 @@ def run_reference(
         if o.device != device:
             return f"output {k} is on {o.device}, expected {device}"
         if errors is not None and o.shape == r.shape:
-            errors.append(measure_error(o, r, atol, rtol))
-        problem = compare(o, r, atol, rtol)
+            errors.append(measure_error(o, r, atol, rtol, subnormals=special))
+        problem = compare(o, r, atol, rtol, subnormals=special)
         if problem:
             n_out = len(expected_tensors)
             problems.append(f"{f'output {k}' if k < n_out else f'written argument {argument_name(spec, mutated[k - n_out])}'}: {problem}")
@@ -231,10 +240,10 @@ def check_reference(
     res = CheckResult(spec.name, "reference", "pass")
     refused: dict[str, str] = {}
 
-    def attempt(sample: Sample, dtype: torch.dtype, errors: list[ErrorStats]) -> str | None:
+    def attempt(sample: Sample, dtype: torch.dtype, errors: list[ErrorStats], special: bool) -> str | None:
         step(spec, "reference", sample_label(spec, dtype, sample))
         try:
-            return run_reference(spec, sample, dtype, errors, reference_device)
+            return run_reference(spec, sample, dtype, errors, reference_device, special=special)
         except KernelError as exc:
             return str(exc)
 
@@ -243,13 +252,13 @@ def check_reference(
         errors: list[ErrorStats] = []
         try:
             try:
-                problem = attempt(sample, dtype, errors)
+                problem = attempt(sample, dtype, errors, special)
             except Exception as exc:
                 retry = contiguous_written(spec, sample)
                 if retry is None:
                     raise
                 errors.clear()
-                problem = attempt(retry[0], dtype, errors)
+                problem = attempt(retry[0], dtype, errors, special)
                 refused.setdefault(retry[1], first_line(exc.__cause__ or exc))
         except Exception as exc:  # noqa: BLE001 - report, keep checking
             problem = first_line(exc)

@@ -66,17 +66,20 @@ class ErrorStats:
                           self.numel + other.numel, first.first_bad, first.got, first.want)  # fmt: skip
 
 
-def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> ErrorStats:
+def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, *, subnormals: bool = False) -> ErrorStats:
     """Errors of ``out`` against ``ref``; an element is bad past ``atol + rtol * |ref|``.
     NaN where the reference is NaN matches, and so does an Inf equal to the
     reference rounded to ``out``'s dtype (a float64 result past float16's range
     is float16's Inf, as in a kernel that rounds once); any other NaN or Inf, in
-    either, is bad. Where the reference rounded to ``out``'s dtype is subnormal,
-    ``atol`` (larger than every subnormal of float32 and the half types) gives
-    way to two of the dtype's smallest subnormals: a kernel that flushes
-    subnormals to zero is off there. A zero where the reference is an exact
-    zero must have its sign (-0 for +0 is off). Complex outputs are compared in
-    complex128 (the error is the modulus of the difference)."""
+    either, is bad. With ``subnormals`` (the samples holding special values),
+    where the reference rounded to ``out``'s dtype is subnormal, ``atol``
+    (larger than every subnormal of float32 and the half types) gives way to
+    two of the dtype's smallest subnormals: a kernel that flushes subnormals to
+    zero is off there. Not in ordinary samples: a float16 matmul's sum of
+    normal terms may land among the subnormals, with the error of the terms.
+    A zero where the reference is an exact zero must have its sign (-0 for +0
+    is off). Complex outputs are compared in complex128 (the error is the
+    modulus of the difference)."""
     if out.numel() == 0:
         return ErrorStats(0.0, 0.0, 0, 0, None)
     # On the output's device, with one read back: a benchmark case's output of 2^26 elements
@@ -91,8 +94,9 @@ def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float
     wrong_sign = torch.zeros_like(same)
     if out.is_floating_point():
         fi = torch.finfo(out.dtype)
-        subnormal = (r_out != 0) & (r_out.abs() < fi.tiny)
-        bound = torch.where(subnormal, torch.minimum(bound, rtol * r.abs() + 2 * fi.tiny * fi.eps), bound)
+        if subnormals:
+            subnormal = (r_out != 0) & (r_out.abs() < fi.tiny)
+            bound = torch.where(subnormal, torch.minimum(bound, rtol * r.abs() + 2 * fi.tiny * fi.eps), bound)
         wrong_sign = (o == 0) & (r == 0) & (torch.signbit(o) != torch.signbit(r))
     # A finite bound for finite values only: |finite - Inf| <= rtol * Inf would pass.
     bad = wrong_sign | ~(same | (torch.isfinite(o) & torch.isfinite(r) & (err <= bound)))
@@ -106,11 +110,11 @@ def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float
     return stats
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str | None:
-    """None when ``out`` matches ``ref`` within ``atol + rtol * |ref|``, else what differs."""
+def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, *, subnormals: bool = False) -> str | None:
+    """None when ``out`` matches ``ref`` within ``atol + rtol * |ref|`` (``measure_error``), else what differs."""
     if out.shape != ref.shape:
         return f"shape {list(out.shape)} != reference {list(ref.shape)}"
-    e = measure_error(out, ref, atol, rtol)
+    e = measure_error(out, ref, atol, rtol, subnormals=subnormals)
     if not e.n_bad:
         return None
     got, want = f"{e.got:.6g}", f"{e.want:.6g}"
