@@ -8,7 +8,9 @@ must fail, and its correct twin pass."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,6 +95,17 @@ def test_bench_refuses_an_inplace_kernel_that_does_nothing(seed):
     rows = bench_op(spec, CPU, seed=seed, budget_s=0.01, compile=False)
     assert len(rows) == 1 and not rows[0].timings
     assert rows[0].status.startswith("refused: fails its reference check"), rows[0].status
+
+
+def test_the_bench_command_refuses_an_inplace_kernel_that_does_nothing(tmp_path, seed):
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env |= {"PYTHONPATH": str(Path(opforge.__file__).resolve().parent.parent), "OPFORGE_NO_AUTOLOAD": "1", "COLUMNS": "300"}
+    spec_file = PLANTED / "noop_inplace_spec.py"
+    args = ["bench", str(spec_file), "--device", "cpu", "--no-compile", "--budget", "0.05", "--seed", str(seed)]
+    res = subprocess.run([sys.executable, "-m", "opforge", *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "refused: fails its reference check (noop_ float32 [scalar]" in res.stdout, res.stdout
+    assert "written argument x:" in res.stdout
 
 
 # --- optional tensors, large samples ---
