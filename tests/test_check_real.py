@@ -64,7 +64,7 @@ def test_a_float32_only_spec_file_passes_when_right_and_fails_when_its_gradient_
     res = opforge_cli("check", str(right), "--device", "cpu", "--seed", str(seed), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     cells = _row(res.stdout, "real_ops::muladd_f32")
-    assert cells[1:6] == ["pass (13)", "pass (6)", "pass (6) float32", "pass (2) float32", "pass (1)"], cells
+    assert cells[1:6] == ["pass (14)", "pass (6)", "pass (6) float32", "pass (2) float32", "pass (1)"], cells
     assert "muladd_f32 gradcheck: in float32, the widest dtype the spec declares (dtypes=float32): eps 0.001, atol 0.01, rtol 0.01" in (
         res.stdout
     )
@@ -201,7 +201,7 @@ def test_a_kernel_that_kills_the_process_is_named_and_the_rest_is_checked(tmp_pa
     assert res.returncode == 1, res.stdout + res.stderr
     assert _row(res.stdout, "crash_ops::twice_by_rows")[1:] == ["FAIL SIGFPE", "pass (6)"]
     assert _row(res.stdout, "crash_ops::twice_or_segfault")[1:] == ["FAIL SIGSEGV", "pass (6)"]
-    assert _row(res.stdout, "crash_ops::twice")[1:] == ["pass (13)", "pass (6)"]
+    assert _row(res.stdout, "crash_ops::twice")[1:] == ["pass (14)", "pass (6)"]
     for op, signal in (("twice_by_rows", "SIGFPE (Floating point exception)"), ("twice_or_segfault", "SIGSEGV (Segmentation fault)")):
         assert (
             f"x reference: {op} float32 [empty 0]: killed the process with {signal} in this step; the checks went on in a new process"
@@ -218,7 +218,7 @@ def test_a_kernel_that_never_returns_is_killed_at_the_time_limit(seed):
         "twice_or_hang float32 [empty 0]: still running after 3 s (--time-limit): killed; the checks went on in a new process"
     ]
     (twice,) = results["crash_ops::twice"]
-    assert twice.status == "pass" and twice.count == 13
+    assert twice.status == "pass" and twice.count == 14
 
 
 def test_an_operator_the_checks_process_cannot_load_is_checked_here(seed):

@@ -215,15 +215,17 @@ def test_derived_samples_cover_odd_sizes_a_transposed_and_an_empty_one():
 def test_derived_samples_fill_lists_optionals_bools_and_keywords():
     s = opforge.spec(f"{NS}::mixed", reference=lambda x, ys, w, flag, eps=0.5, *, n: (x + ys[0] * ys[1]) * n if flag else x - eps)
     samples = list(s.samples(CPU, torch.float32, torch.Generator().manual_seed(0)))
-    flags = set()
+    flags, weights = set(), set()
     for smp in samples:
         x, ys, w, flag = smp.args  # eps keeps its default: not passed
         assert isinstance(ys, list) and len(ys) == 2 and all(y.shape == x.shape for y in ys)
-        assert w is None
+        assert w is None or w.shape == x.shape
+        weights.add(w is None)
+        assert f"w={'None' if w is None else 'tensor'}" in smp.desc
         flags.add(flag)
         assert f"flag={flag}" in smp.desc
         assert isinstance(smp.kwargs["n"], int) and 1 <= smp.kwargs["n"] <= 4
-    assert flags == {True, False}
+    assert flags == {True, False} and weights == {True, False}
 
 
 def test_derived_cost_counts_inputs_and_outputs_once_and_a_flop_per_output_element():
@@ -292,3 +294,48 @@ def test_without_an_autograd_formula_gradcheck_is_not_applicable(name, seed):
     assert not s.differentiable
     res = check_gradcheck(s, CPU, seed)
     assert res.status == "n/a" and res.note == "no autograd formula"
+
+
+# --- command lines and spec files that are wrong themselves ---
+
+
+@pytest.mark.parametrize("checks", ["", ",", "reference,"])
+def test_an_empty_check_name_is_a_usage_error(checks, capsys):
+    from opforge.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--checks", checks, "--device", "cpu"])
+    assert exc.value.code == 2
+    assert f"--checks {checks!r} names an empty check" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "says"), [("import torch\n", "defines no SPECS"), ("SPECS = []\n", "SPECS is empty")])
+def test_a_spec_file_without_specs_is_a_usage_error_naming_the_file(text, says, tmp_path, capsys):
+    from opforge.cli import main
+
+    path = tmp_path / "lacking_spec.py"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(path), "--device", "cpu"])
+    assert exc.value.code == 2
+    assert f"lacking_spec.py{':' if 'empty' in says else ''} {says}" in capsys.readouterr().err
+
+
+def test_a_spec_file_that_exits_is_an_error_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "exiting_spec.py"
+    path.write_text("import sys\n\nsys.exit(3)\n")
+    with pytest.raises(ProjectError, match=r"exiting_spec\.py:3: the spec file called sys\.exit\(3\) while it was loaded"):
+        load_spec_file(path)
+    res = opforge_cli("check", str(path), "--device", "cpu", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "exiting_spec.py:3: the spec file called sys.exit(3)" in res.stderr
+
+
+def test_a_spec_file_over_opforges_own_operator_is_checked_with_its_reference(tmp_path, seed):
+    path = tmp_path / "own_spec.py"
+    path.write_text("import torch, opforge\n\nSPECS = [opforge.spec(torch.ops.opforge.square.default, reference=lambda x: x * x + 1)]\n")
+    res = opforge_cli("check", str(path), "--device", "cpu", "--seed", str(seed), "--checks", "reference", cwd=tmp_path)
+    # The file's reference (off by one) is the one checked: the operator is found, and fails against it.
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "x reference: square float32 [scalar] (seed" in res.stdout and "want" in res.stdout, res.stdout + res.stderr
+    assert "no attribute" not in res.stdout + res.stderr

@@ -4,10 +4,12 @@ schema and a reference, with whatever else the user wants to say.
 What the user leaves out is derived from the schema:
 
 * samples: every Tensor argument one shape, across odd sizes ((), (1,), (7,),
-  (3, 5), (33, 17)), a transposed layout and an empty one; floating values
-  drawn at random (normal), integer ones small, bool ones both ways; optional
-  Tensor arguments None, Tensor lists two tensors; other arguments with a
-  default keep it;
+  (3, 5), (33, 17)), a transposed layout, an empty one and one of 65539
+  elements (past a kernel's first block or thread chunk, with an odd tail:
+  only the reference check takes a sample that large); floating values drawn
+  at random (normal), integer ones small, bool ones both ways; optional Tensor
+  arguments a tensor and None by turns, Tensor lists two tensors; other
+  arguments with a default keep it;
 * bench cases: every Tensor argument 2^16 and 2^20 elements on the CPU, 2^20
   and 2^24 on a GPU;
 * cost: the bytes of every input and output, a FLOP per output element;
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from opforge.spec import DEFAULT_TOLERANCES, FLOAT_DTYPES, BadInput, Cost, OpSpec, Sample, SampleFn
+from opforge.spec import DEFAULT_TOLERANCES, FLOAT_DTYPES, BadInput, Cost, OpSpec, Sample, SampleFn, as_dtypes, default_tolerance
 
 # (description, shape); "transposed" takes the transpose of the shape's reverse, a view.
 LAYOUTS: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -42,6 +44,9 @@ LAYOUTS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("33x17", (33, 17)),
     ("transposed 33x17", (33, 17)),
     ("empty 0", (0,)),
+    # Past the sizes where kernels change path: more than one block of 1024 threads
+    # or one CPU thread's chunk (32768), and an odd tail after any vector width.
+    ("65539", (65539,)),
 )
 # Launch- and call-bound on a GPU (2^20) and past its L2 (2^24); on the CPU
 # sizes that CI's two cores time in seconds.
@@ -68,10 +73,18 @@ def resolve(op: Any) -> torch._ops.OpOverload:
     if isinstance(op, torch._library.custom_ops.CustomOpDef):
         return op._opoverload
     if isinstance(op, torch._ops.OpOverloadPacket):
-        if "default" not in op.overloads():
-            names = ", ".join(f"{op._qualified_op_name}.{o}" for o in op.overloads())
-            raise DeriveError(f"{op._qualified_op_name} has no default overload; name one of {names}")
-        return op.default
+        overloads = op.overloads()
+        # A default overload without a Tensor argument (aten::add's is add(Scalar a, Scalar b) -> Scalar) is never the one meant.
+        takes_tensor = [o for o in overloads if any("Tensor" in str(a.type) for a in getattr(op, o)._schema.arguments)]
+        if "default" in takes_tensor:
+            return op.default
+        names = ", ".join(f"{op._qualified_op_name}.{o}" for o in takes_tensor or overloads)
+        if "default" in overloads:
+            raise DeriveError(
+                f"{op._qualified_op_name}: its default overload ({op.default._schema}) takes no Tensor; name the overload to check, "
+                f"one of {names}"
+            )
+        raise DeriveError(f"{op._qualified_op_name} has no default overload; name one of {names}")
     if isinstance(op, str):
         namespace, sep, rest = op.partition("::")
         name, _, overload = rest.partition(".")
@@ -123,7 +136,7 @@ def spec(op: Any, *, reference: Callable[..., Any], **fields: Any) -> OpSpec:
             "its owner does not get (it would replace the owner's); give owner_registered=False for opforge to register "
             "its autograd kernel from backward= and jvp="
         )
-    dtypes = tuple(fields.get("dtypes", FLOAT_DTYPES))
+    dtypes = fields["dtypes"] = as_dtypes(fields.get("dtypes", FLOAT_DTYPES), f"opforge.spec({qualname}): dtypes=")
     if not dtypes:
         raise DeriveError(f"opforge.spec({qualname}): dtypes=() leaves nothing to check; give at least one dtype")
     derived = [k for k in ("samples", "bench_cases", "cost", "tolerances") if k not in fields]
@@ -171,11 +184,13 @@ def no_bad_inputs(device: torch.device) -> list[BadInput]:
 
 
 def _kind(arg: torch._C.Argument) -> str:
-    """How a derived call fills ``arg``: "tensor", "tensors", "none", "float",
+    """How a derived call fills ``arg``: "tensor", "optional tensor", "tensors", "none", "float",
     "int", "bool", "dtype", "device", "default", or "" (it cannot)."""
     real = str(arg.real_type)
     if real == "Tensor":
         return "tensor"
+    if real == "Optional[Tensor]":
+        return "optional tensor"  # None and a tensor, by turns
     if real in ("List[Tensor]", "List[Optional[Tensor]]"):
         return "tensors"
     if real == "bool":
@@ -246,11 +261,12 @@ def _call(
     desc: str,
 ) -> Sample:
     """One derived call: every Tensor argument ``shape``; the bools of call
-    ``index`` (bits of it, so that a few calls give each bool both values)."""
+    ``index`` (bits of it, so that a few calls give each bool both values), its
+    optional tensors a tensor or None (even or odd ``index``)."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     pending: list[Any] = []  # defaults of positional arguments left out, passed only if a later one is given
-    bools = []
+    drawn: list[str] = []  # what the description names: each optional tensor's and bool's value
     n_bool = 0
     for a in schema.arguments:
         kind = _kind(a)
@@ -261,6 +277,10 @@ def _call(
             continue
         if kind == "tensor":
             value = _tensor(shape, transposed, device, dtype, gen)
+        elif kind == "optional tensor":
+            # A tensor in the even calls (the first, which probes the operator, included), None in the odd ones.
+            value = None if index % 2 else _tensor(shape, transposed, device, dtype, gen)
+            drawn.append(f"{a.name}={'None' if value is None else 'tensor'}")
         elif kind == "tensors":
             value = [_tensor(shape, transposed, device, dtype, gen) for _ in range(2)]
         elif kind == "none":
@@ -270,7 +290,7 @@ def _call(
         elif kind == "bool":
             value = bool((index >> (n_bool % 3)) & 1)
             n_bool += 1
-            bools.append(f"{a.name}={value}")
+            drawn.append(f"{a.name}={value}")
         elif kind == "dtype":
             value = dtype
         else:  # device
@@ -280,7 +300,7 @@ def _call(
         else:
             args += [*pending, value]
             pending = []
-    return Sample(tuple(args), kwargs, ", ".join([desc, *bools]))
+    return Sample(tuple(args), kwargs, ", ".join([desc, *drawn]))
 
 
 def derived_samples(schema: torch._C.FunctionSchema) -> SampleFn:
@@ -307,10 +327,7 @@ def derived_tolerances(dtypes: Sequence[torch.dtype]) -> dict[torch.dtype, tuple
     """``DEFAULT_TOLERANCES``; a complex dtype its real part's, integer and bool dtypes exact."""
     out = dict(DEFAULT_TOLERANCES)
     for d in dtypes:
-        if d.is_complex:
-            out[d] = DEFAULT_TOLERANCES[d.to_real()]
-        elif not d.is_floating_point:
-            out[d] = (0.0, 0.0)
+        out[d] = default_tolerance(d)
     return out
 
 
@@ -385,7 +402,7 @@ def _probe(spec: OpSpec, op: torch._ops.OpOverload, dtype: torch.dtype, drawn: S
         with torch.no_grad():
             op(*sample.args, **sample.kwargs)
     except Exception as exc:  # noqa: BLE001 - any refusal means the derived inputs do not fit
-        tensors = [a.name for a in spec.schema.arguments if _kind(a) in ("tensor", "tensors")]
+        tensors = [a.name for a in spec.schema.arguments if _kind(a) in ("tensor", "optional tensor", "tensors")]
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         fix = " and ".join(f"{k}=" for k in drawn)
         raise DeriveError(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import Library
-from opforge.spec import OpSpec, all_specs, register
+from opforge.spec import OpSpec, all_specs, register, replace_registered
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "new"
 
@@ -303,6 +303,10 @@ class TargetNotFound(ProjectError):
     """A command's operand names no spec file or opforge package (a usage error)."""
 
 
+class NotASpecFile(TargetNotFound):
+    """A Python file given as a spec file that lists no SPECS (a usage error)."""
+
+
 def resolve_target(target: str) -> tuple[Path | None, list[OpSpec]]:
     """One operand of ``opforge check/bench/profile``, the same for every command:
     an operator's name gives (None, []); a spec file (``FILE.py``) is run and a
@@ -339,6 +343,10 @@ def load_project(path: str | Path) -> list[OpSpec]:
     return specs
 
 
+# What names an operator of opforge's own library in a spec file.
+_OWN_OPERATORS = re.compile(r"torch\.ops\.opforge\.|[\"']opforge::")
+
+
 # Spec files loaded in this process, by resolved path: loading one again returns its specs.
 _SPEC_FILES: dict[Path, list[OpSpec]] = {}
 
@@ -365,10 +373,21 @@ def load_spec_file(path: str | Path) -> list[OpSpec]:
         raise ProjectError(f"{path}: not a Python file Python can load")
     module = importlib.util.module_from_spec(found)
     sys.modules[name] = module
+    if _OWN_OPERATORS.search(file.read_text(errors="replace")):
+        # A spec over opforge's own operators: they are in torch.ops once its op library is loaded
+        # (the opforge command defers that load to the commands that need it).
+        import opforge
+
+        opforge.load()
     try:
         found.loader.exec_module(module)
     except BuildError:
         raise
+    except SystemExit as exc:  # sys.exit() in the file would end opforge with the file's own exit code
+        del sys.modules[name]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == file]
+        where = f"{path}:{frames[-1].lineno}" if frames else str(path)
+        raise ProjectError(f"{where}: the spec file called sys.exit({exc.code!r}) while it was loaded; a spec file lists SPECS") from None
     except Exception as exc:  # the user's code: say where in the file, whatever it raised
         del sys.modules[name]
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == file]
@@ -377,8 +396,10 @@ def load_spec_file(path: str | Path) -> list[OpSpec]:
     specs = getattr(module, "SPECS", None)
     example = "SPECS = [opforge.spec(torch.ops.my_ns.my_op.default, reference=lambda x: ...)]"
     if specs is None:
-        raise ProjectError(f"{path} defines no SPECS: list the operators to check or time in it, as {example}")
-    if not isinstance(specs, (list, tuple)) or not specs:
+        raise NotASpecFile(f"{path} defines no SPECS: list the operators to check or time in it, as {example}")
+    if isinstance(specs, (list, tuple)) and not specs:
+        raise NotASpecFile(f"{path}: SPECS is empty: list the operators to check or time in it, as {example}")
+    if not isinstance(specs, (list, tuple)):
         raise ProjectError(f"{path}: SPECS must be a non-empty list of OpSpecs, as {example}; got {specs!r:.80}")
     for i, s in enumerate(specs):
         if not isinstance(s, OpSpec):
@@ -386,7 +407,8 @@ def load_spec_file(path: str | Path) -> list[OpSpec]:
     registered = []
     for s in specs:
         try:
-            registered.append(register(s))
+            own = {o.qualname for o in all_specs() if o.namespace == "opforge"}
+            registered.append(replace_registered(s) if s.qualname in own else register(s))
         except (ValueError, RuntimeError) as exc:
             raise ProjectError(f"{path}: {s.qualname}: {exc}") from None
     _SPEC_FILES[file] = registered

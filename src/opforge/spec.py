@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import pkgutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,56 @@ DEFAULT_TOLERANCES: Mapping[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-5, 1e-3),
     torch.bfloat16: (1e-5, 8e-3),
 }
+
+
+class SpecError(ValueError):
+    """A spec field whose value opforge cannot use: the error names the operator, the field and the value."""
+
+
+def as_dtype(value: Any, where: str) -> torch.dtype:
+    """``value`` as a torch.dtype: one already, or its name ("float32", "torch.int64")."""
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        found = getattr(torch, value.strip().removeprefix("torch."), None)
+        if isinstance(found, torch.dtype):
+            return found
+    raise SpecError(f"{where}: {value!r} is not a dtype; give torch dtypes (torch.float32) or their names ('float32')")
+
+
+def as_dtypes(value: Any, where: str) -> tuple[torch.dtype, ...]:
+    """A spec's ``dtypes=``: one dtype or several, each a torch.dtype or its name."""
+    if isinstance(value, (torch.dtype, str)):
+        value = (value,)
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise SpecError(f"{where}: {value!r:.60} is not a sequence of dtypes; give a tuple such as (torch.float32,)") from None
+    return tuple(as_dtype(v, where) for v in items)
+
+
+def exact_dtype(dtype: torch.dtype) -> bool:
+    """Integer and bool dtypes: results compared exactly."""
+    return not (dtype.is_floating_point or dtype.is_complex)
+
+
+def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """``DEFAULT_TOLERANCES``' entry; a complex dtype its real part's, integer and bool dtypes exact (0, 0)."""
+    if exact_dtype(dtype):
+        return (0.0, 0.0)
+    return DEFAULT_TOLERANCES[dtype.to_real() if dtype.is_complex else dtype]
+
+
+def check_tolerance(value: Any, where: str) -> tuple[float, float]:
+    """An (atol, rtol) pair of finite numbers, neither negative."""
+    try:
+        atol, rtol = value
+        pair = (float(atol), float(rtol))
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: {value!r:.60} is not an (atol, rtol) pair of numbers") from None
+    if not all(math.isfinite(v) and v >= 0 for v in pair):
+        raise SpecError(f"{where}: {value!r:.60} is not an (atol, rtol) pair of finite numbers of at least 0")
+    return pair
 
 
 @dataclass(frozen=True)
@@ -66,6 +117,44 @@ class Cost:
 
 
 SampleFn = Callable[[torch.device, torch.dtype, torch.Generator], Iterable[Sample]]
+
+
+_IMPORT = "from opforge.spec import Sample"
+
+
+class CheckedSamples:
+    """A spec's ``samples=`` function, yielding what it yields once each item is
+    known to be a ``Sample`` of a tuple of arguments: a raw tensor or a bare
+    argument list, or a function that yields nothing, is a SpecError naming the
+    operator, not an AttributeError deep in a check."""
+
+    def __init__(self, fn: SampleFn, qualname: str, field_name: str = "samples") -> None:
+        self.fn, self.qualname, self.field_name = fn, qualname, field_name
+
+    def __call__(self, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Iterator[Sample]:
+        where = f"spec of {self.qualname}: {self.field_name}="
+        drawn = self.fn(device, dtype, gen)
+        if drawn is None or isinstance(drawn, (torch.Tensor, Sample)) or not isinstance(drawn, Iterable):
+            raise SpecError(f"{where} returned {type(drawn).__name__}, not Samples; yield Sample((x, ...)) per call ({_IMPORT})")
+        n = 0
+        for item in drawn:
+            if not isinstance(item, Sample):
+                what = f"Tensor of shape {list(item.shape)}" if isinstance(item, torch.Tensor) else f"{type(item).__name__} ({item!r:.40})"
+                raise SpecError(
+                    f"{where} yielded a {' '.join(what.split())} as its sample {n}, not a Sample: "
+                    f"yield Sample((x, ...)), the call's arguments as a tuple ({_IMPORT})"
+                )
+            if not isinstance(item.args, tuple):
+                raise SpecError(
+                    f"{where} yielded Sample({type(item.args).__name__}) as its sample {n}: Sample takes the call's arguments "
+                    "as a tuple, as Sample((x,)) for one"
+                )
+            n += 1
+            yield item
+        if not n:
+            raise SpecError(f"{where} yielded no sample for {str(dtype).removeprefix('torch.')} on {device}: yield at least one Sample")
+
+
 # A baseline of `opforge bench` besides the reference: from one of the op's
 # samples, the function to time and its own arguments, prepared untimed (for
 # example the float16 matmul that a quantised operator replaces).
@@ -133,6 +222,24 @@ class OpSpec:
     derived: tuple[str, ...] = ()
     function: Callable[..., Any] = field(init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        where = f"spec of {self.namespace}::{self.name}"
+        self.dtypes = as_dtypes(self.dtypes, f"{where}: dtypes=")
+        if not self.dtypes:
+            raise SpecError(f"{where}: dtypes=() leaves nothing to check; give at least one dtype")
+        if not isinstance(self.tolerances, Mapping):
+            raise SpecError(f"{where}: tolerances= must map dtypes to (atol, rtol), got {self.tolerances!r:.60}")
+        tolerances = {}
+        for d, tol in self.tolerances.items():
+            dtype = as_dtype(d, f"{where}: tolerances=")
+            tolerances[dtype] = check_tolerance(tol, f"{where}: tolerances[{str(dtype).removeprefix('torch.')}]")
+        self.tolerances = tolerances
+        if not callable(self.samples):
+            got = f"{self.samples!r:.50}"
+            raise SpecError(f"{where}: samples= must be a function (device, dtype, generator) yielding Sample(args), got {got}")
+        if not isinstance(self.samples, CheckedSamples):
+            self.samples = CheckedSamples(self.samples, f"{self.namespace}::{self.name}")
+
     @property
     def qualname(self) -> str:
         return f"{self.namespace}::{self.name}"
@@ -182,8 +289,9 @@ class OpSpec:
 
     def tolerance(self, dtype: torch.dtype, sample: Sample | None = None) -> tuple[float, float]:
         if sample is not None and self.sample_tolerance is not None:
-            return self.sample_tolerance(sample, dtype)
-        return self.tolerances.get(dtype, DEFAULT_TOLERANCES[dtype])
+            return check_tolerance(self.sample_tolerance(sample, dtype), f"spec of {self.qualname}: sample_tolerance= for [{sample.desc}]")
+        found = self.tolerances.get(dtype)
+        return found if found is not None else default_tolerance(dtype)
 
     def _register(self) -> None:
         """Python-side registrations: fake kernel, autograd, public function.
@@ -363,6 +471,23 @@ def register(spec: OpSpec) -> OpSpec:
         raise ValueError(f"{spec.qualname}: a spec for this operator is already registered")
     spec.overload  # noqa: B018 - fails clearly if the C++ side lacks it
     spec._register()
+    _REGISTRY[spec.qualname] = spec
+    return spec
+
+
+def replace_registered(spec: OpSpec) -> OpSpec:
+    """A spec file's spec over one of opforge's own operators, in place of the
+    library's spec in this process (its checks and timings use the file's
+    reference, samples and tolerances). It may add nothing to the operator: a
+    fake kernel or autograd formula would be a second registration."""
+    if spec.qualname not in _REGISTRY:
+        return register(spec)
+    if not spec.owner_registered or spec.fake is not None or spec.backward is not None:
+        raise ValueError(
+            "a spec for this operator is already registered (opforge's own): a spec over it may give its reference, samples "
+            "and tolerances, not fake=, backward= or owner_registered=False"
+        )
+    spec.function = _REGISTRY[spec.qualname].function
     _REGISTRY[spec.qualname] = spec
     return spec
 

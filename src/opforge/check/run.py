@@ -4,13 +4,18 @@ registered so that autograd, fake tensors and torch.compile work?
 Checks per operator, all read from its spec:
 
 * reference: every sample, every dtype, fresh random data; outputs allocated by
-  the operator are poisoned (NaN) before the run and out= arguments filled with
-  NaN, so an element the kernel never writes is a mismatch; NaN/Inf where the
-  reference is finite count as mismatches; inputs must come back unchanged.
-  Then (unless the spec says ``special_values=False``) the small samples again
-  with NaN, +-Inf, +-0, subnormals and the dtype's largest finite values
-  written into their inputs: NaN must stay NaN where the reference gives NaN,
-  and an Inf must be the reference's, rounded to the output's dtype;
+  the operator are poisoned (NaN) before the run, so an element the kernel never
+  writes is a mismatch; the reference gets its own copy of every argument, and
+  each argument the schema marks written (in-place or out=) keeps its drawn
+  values, so that an in-place kernel reads them and one that writes nothing
+  leaves values the reference's do not match; NaN/Inf where the reference is
+  finite count as mismatches; inputs must come back unchanged, the reference's
+  too (one that writes into its input is named as the culprit). Then (unless
+  the spec says ``special_values=False``) the small samples again with NaN,
+  +-Inf, +-0, subnormals and the dtype's largest finite values written into
+  their inputs: NaN must stay NaN where the reference gives NaN, an Inf must
+  be the reference's, rounded to the output's dtype, a subnormal result must
+  not be flushed to zero; in every sample a zero must have the reference's sign;
 * opcheck: ``torch.library.opcheck`` with its four test utils;
 * gradcheck, gradgradcheck: ``torch.autograd.gradcheck`` and ``gradgradcheck``
   (differentiable ops only), in float64, or in float32 for an operator whose
@@ -56,7 +61,7 @@ from opforge.check.values import (
     with_special_values,
 )
 from opforge.check.values import special_values as special_values
-from opforge.spec import OpSpec, Sample
+from opforge.spec import OpSpec, Sample, SpecError
 
 CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
 
@@ -68,15 +73,16 @@ _OPCHECK_MAX_NUMEL = 4096
 def to_reference(a: Any, device: torch.device | str | None = None) -> Any:
     """An argument as the float64 reference takes it: floating tensors in
     float64 (complex ones in complex128); integer and bool tensors (indices,
-    masks, counts) keep their dtype; on ``device`` where given."""
+    masks, counts) keep their dtype; on ``device`` where given. Always a copy:
+    a reference that writes into an argument (an in-place or out= operator's)
+    must not write into the operator's own."""
     if isinstance(a, (list, tuple)):  # a Tensor[] argument
         return type(a)(to_reference(x, device) for x in a)
     if not isinstance(a, torch.Tensor):
         return a
-    a = a.detach().to(device=device or a.device)
-    if a.is_floating_point():
-        return a.to(torch.float64)
-    return a.to(torch.complex128) if a.is_complex() else a
+    a = a.detach()
+    dtype = torch.float64 if a.is_floating_point() else torch.complex128 if a.is_complex() else a.dtype
+    return a.to(device=device or a.device, dtype=dtype, copy=True)
 
 
 def argument_name(spec: OpSpec, i: int) -> str:
@@ -110,9 +116,13 @@ def run_reference(
     dtype: torch.dtype,
     errors: list[ErrorStats] | None = None,
     reference_device: torch.device | str | None = None,
+    *,
+    special: bool = False,
 ) -> str | None:
     """Runs one sample through the operator and the float64 reference; None if
-    they agree. ``errors`` (if given) receives each output's ErrorStats. The
+    they agree. ``errors`` (if given) receives each output's ErrorStats;
+    ``special``: the sample holds special values (subnormal results are then
+    compared without the absolute tolerance, ``measure_error``). The
     reference runs on the sample's device unless ``reference_device`` says
     otherwise (the sanitizer runs put it on the CPU: its report is then about
     the operator's kernels, not about PyTorch's own kernels computing the
@@ -120,22 +130,43 @@ def run_reference(
     op = spec.overload
     mutated = spec.mutated_args
     args = list(sample.args)
-    for i in mutated:
-        if args[i].is_floating_point():
-            args[i].fill_(float("nan"))
+    # Written arguments keep the values drawn: an in-place operator reads them, and
+    # an out= one that writes nothing leaves values the reference's cannot match.
     inputs_before = [a.clone() if isinstance(a, torch.Tensor) and i not in mutated else None for i, a in enumerate(args)]
 
     ref_args = [to_reference(a, reference_device) for a in args]
-    expected = spec.reference(*ref_args, **{k: to_reference(v, reference_device) for k, v in sample.kwargs.items()})
+    ref_kwargs = {k: to_reference(v, reference_device) for k, v in sample.kwargs.items()}
+    ref_before = [to_reference(a) if inputs_before[i] is not None else None for i, a in enumerate(ref_args)]
+    expected = spec.reference(*ref_args, **ref_kwargs)
+    ref_written = [i for i, before in enumerate(ref_before) if before is not None and not unchanged(before, ref_args[i])]
+    if ref_written:
+        names = " and ".join(argument_name(spec, i) for i in ref_written)
+        return (
+            f"the reference writes into {names}, which the schema does not mark as written: the reference must leave "
+            "its inputs as they are (compute into a new tensor, or clone first)"
+        )
     # The first tensor argument's device (an optional first argument may be None, a Tensor[] one a list).
     device = tensors(args)[0].device
     with poisoned_allocations():
         got = op(*args, **sample.kwargs)
     settle(device)
 
-    pairs = list(zip(tensors(got), tensors(expected), strict=False))
-    if len(tensors(got)) != len(tensors(expected)):
-        return f"returned {len(tensors(got))} tensors, reference {len(tensors(expected))}"
+    expected_tensors = tensors(expected)
+    if not spec.returns_tensor and mutated:
+        # An in-place reference may return what it wrote into (x.add_(1)): the written argument is compared anyway.
+        written_refs = [ref_args[i] for i in mutated]
+        if all(any(t is w for w in written_refs) for t in expected_tensors):
+            expected_tensors = []
+        else:
+            names = " and ".join(argument_name(spec, i) for i in mutated)
+            return (
+                f"the reference returned {len(expected_tensors)} new tensor{'s' if len(expected_tensors) != 1 else ''} but the "
+                f"schema returns nothing ({spec.schema}): the operator's result is what it writes into {names}, so the reference "
+                f"must write it there too (as x.add_(1) or out.copy_(...) do) and return None or that argument"
+            )
+    if len(tensors(got)) != len(expected_tensors):
+        return f"returned {len(tensors(got))} tensors, reference {len(expected_tensors)}"
+    pairs = list(zip(tensors(got), expected_tensors, strict=False))
     pairs += [(args[i], ref_args[i]) for i in mutated]
     atol, rtol = spec.tolerance(dtype, sample)
     problems = []
@@ -145,10 +176,11 @@ def run_reference(
         if o.device != device:
             return f"output {k} is on {o.device}, expected {device}"
         if errors is not None and o.shape == r.shape:
-            errors.append(measure_error(o, r, atol, rtol))
-        problem = compare(o, r, atol, rtol)
+            errors.append(measure_error(o, r, atol, rtol, subnormals=special))
+        problem = compare(o, r, atol, rtol, subnormals=special)
         if problem:
-            problems.append(f"output {k}: {problem}")
+            n_out = len(expected_tensors)
+            problems.append(f"{f'output {k}' if k < n_out else f'written argument {argument_name(spec, mutated[k - n_out])}'}: {problem}")
     if problems:
         return "; ".join(problems)
     written = [i for i, before in enumerate(inputs_before) if before is not None and not unchanged(before, args[i])]
@@ -208,10 +240,10 @@ def check_reference(
     res = CheckResult(spec.name, "reference", "pass")
     refused: dict[str, str] = {}
 
-    def attempt(sample: Sample, dtype: torch.dtype, errors: list[ErrorStats]) -> str | None:
+    def attempt(sample: Sample, dtype: torch.dtype, errors: list[ErrorStats], special: bool) -> str | None:
         step(spec, "reference", sample_label(spec, dtype, sample))
         try:
-            return run_reference(spec, sample, dtype, errors, reference_device)
+            return run_reference(spec, sample, dtype, errors, reference_device, special=special)
         except KernelError as exc:
             return str(exc)
 
@@ -220,13 +252,13 @@ def check_reference(
         errors: list[ErrorStats] = []
         try:
             try:
-                problem = attempt(sample, dtype, errors)
+                problem = attempt(sample, dtype, errors, special)
             except Exception as exc:
                 retry = contiguous_written(spec, sample)
                 if retry is None:
                     raise
                 errors.clear()
-                problem = attempt(retry[0], dtype, errors)
+                problem = attempt(retry[0], dtype, errors, special)
                 refused.setdefault(retry[1], first_line(exc.__cause__ or exc))
         except Exception as exc:  # noqa: BLE001 - report, keep checking
             problem = first_line(exc)
@@ -237,11 +269,14 @@ def check_reference(
         if problem:
             res.failures.append(f"{sample_label(spec, dtype, sample)} (seed {seed + k}): {problem}")
 
-    for k in range(seeds):
-        gen = generator(device, seed + k)
-        for dtype in spec.dtypes:
-            for sample, special in reference_cases(spec, device, dtype, gen):
-                run(sample, dtype, k, special)
+    try:
+        for k in range(seeds):
+            gen = generator(device, seed + k)
+            for dtype in spec.dtypes:
+                for sample, special in reference_cases(spec, device, dtype, gen):
+                    run(sample, dtype, k, special)
+    except SpecError as exc:  # samples= yields what is not a Sample
+        res.failures.append(str(exc))
     return _refusals_noted(res.close(), refused)
 
 
@@ -409,6 +444,12 @@ def check_op(
     except KernelError as exc:  # its first call: the first check's failure, whose own run would meet it first
         add(CheckResult(spec.name, checks[0], "fail", count=1, failures=[str(exc)]))
         checks, written = checks[1:], []
+    except SpecError as exc:  # samples= yields what is not a Sample: every check would fail for it
+        first, *rest = checks
+        add(CheckResult(spec.name, first, "fail", count=1, failures=[str(exc)], tag="spec"))
+        for name in rest:
+            add(CheckResult(spec.name, name, "n/a", note="not run: its spec's samples= must yield Samples first"))
+        return results
     except Exception:  # noqa: BLE001 - samples that cannot be drawn: the checks say so
         written = []
     if written:
@@ -424,6 +465,8 @@ def check_op(
                 add(check_reference(spec, device, seed, seeds, reference_device))
             else:
                 add(CHECK_FUNCTIONS[name](spec, device, seed))
+        except SpecError as exc:  # the spec's fault, said in its own line
+            add(CheckResult(spec.name, name, "fail", failures=[str(exc)], tag="spec"))
         except Exception:  # noqa: BLE001 - a crash in one check must not hide the others
             add(CheckResult(spec.name, name, "fail", failures=[traceback.format_exc(limit=3)]))
     return results

@@ -66,23 +66,40 @@ class ErrorStats:
                           self.numel + other.numel, first.first_bad, first.got, first.want)  # fmt: skip
 
 
-def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> ErrorStats:
+def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, *, subnormals: bool = False) -> ErrorStats:
     """Errors of ``out`` against ``ref``; an element is bad past ``atol + rtol * |ref|``.
     NaN where the reference is NaN matches, and so does an Inf equal to the
     reference rounded to ``out``'s dtype (a float64 result past float16's range
     is float16's Inf, as in a kernel that rounds once); any other NaN or Inf, in
-    either, is bad."""
+    either, is bad. With ``subnormals`` (the samples holding special values),
+    where the reference rounded to ``out``'s dtype is subnormal, ``atol``
+    (larger than every subnormal of float32 and the half types) gives way to
+    two of the dtype's smallest subnormals: a kernel that flushes subnormals to
+    zero is off there. Not in ordinary samples: a float16 matmul's sum of
+    normal terms may land among the subnormals, with the error of the terms.
+    A zero where the reference is an exact zero must have its sign (-0 for +0
+    is off). Complex outputs are compared in complex128 (the error is the
+    modulus of the difference)."""
     if out.numel() == 0:
         return ErrorStats(0.0, 0.0, 0, 0, None)
     # On the output's device, with one read back: a benchmark case's output of 2^26 elements
     # copied to the host and compared there took seconds.
-    o = out.detach().to(torch.float64)
-    r = ref.detach().to(device=o.device, dtype=torch.float64)
-    r_out = ref.detach().to(device=o.device, dtype=out.dtype).to(torch.float64) if out.is_floating_point() else r
+    wide = torch.complex128 if out.is_complex() or ref.is_complex() else torch.float64
+    o = out.detach().to(wide)
+    r = ref.detach().to(device=o.device, dtype=wide)
+    r_out = ref.detach().to(device=o.device, dtype=out.dtype).to(wide) if out.is_floating_point() else r
     same = (torch.isnan(o) & torch.isnan(r)) | (torch.isinf(o) & (o == r_out))
     err = torch.where(same, 0.0, (o - r).abs().nan_to_num(nan=math.inf, posinf=math.inf))
+    bound = atol + rtol * r.abs()
+    wrong_sign = torch.zeros_like(same)
+    if out.is_floating_point():
+        fi = torch.finfo(out.dtype)
+        if subnormals:
+            subnormal = (r_out != 0) & (r_out.abs() < fi.tiny)
+            bound = torch.where(subnormal, torch.minimum(bound, rtol * r.abs() + 2 * fi.tiny * fi.eps), bound)
+        wrong_sign = (o == 0) & (r == 0) & (torch.signbit(o) != torch.signbit(r))
     # A finite bound for finite values only: |finite - Inf| <= rtol * Inf would pass.
-    bad = ~(same | (torch.isfinite(o) & torch.isfinite(r) & (err <= atol + rtol * r.abs())))
+    bad = wrong_sign | ~(same | (torch.isfinite(o) & torch.isfinite(r) & (err <= bound)))
     rel = torch.where(err == 0, 0.0, err / r.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(nan=math.inf)
     max_abs, max_rel, n_bad = torch.stack([err.max(), rel.max(), bad.sum().to(torch.float64)]).tolist()
     stats = ErrorStats(max_abs, max_rel, int(n_bad), o.numel(), None)
@@ -93,11 +110,11 @@ def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float
     return stats
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str | None:
-    """None when ``out`` matches ``ref`` within ``atol + rtol * |ref|``, else what differs."""
+def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, *, subnormals: bool = False) -> str | None:
+    """None when ``out`` matches ``ref`` within ``atol + rtol * |ref|`` (``measure_error``), else what differs."""
     if out.shape != ref.shape:
         return f"shape {list(out.shape)} != reference {list(ref.shape)}"
-    e = measure_error(out, ref, atol, rtol)
+    e = measure_error(out, ref, atol, rtol, subnormals=subnormals)
     if not e.n_bad:
         return None
     got, want = f"{e.got:.6g}", f"{e.want:.6g}"
@@ -145,8 +162,8 @@ def with_special_values(spec: OpSpec, sample: Sample, dtype: torch.dtype, gen: t
     half left as drawn; a quarter with one input (chosen at random) given any
     special value; a quarter with every input given NaN, +-Inf or +-0. Inputs
     of different shapes are treated each alone."""
-    mutated = set(spec.mutated_args)
-    positions = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor) and a.is_floating_point() and i not in mutated]
+    # Written arguments too: an in-place operator reads them (an out= one overwrites what is there).
+    positions = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
     originals = Sample(tuple(sample.args[i] for i in positions))
     if not positions or not small(originals, _SPECIAL_MAX_NUMEL) or self_overlapping(originals):
         return None

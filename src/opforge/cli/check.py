@@ -151,9 +151,11 @@ def run_check(
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    checks = args.checks.split(",") if args.checks else None
     from opforge.check.run import CHECKS
 
+    checks = None if args.checks is None else [c.strip() for c in args.checks.split(",")]
+    if checks is not None and not all(checks):
+        usage_error(f"opforge: --checks {args.checks!r} names an empty check; give one or more of {', '.join(CHECKS)}, comma-separated")
     for c in checks or ():
         if c not in CHECKS:
             usage_error(f"opforge: unknown check {c!r}; choose from {', '.join(CHECKS)}")
