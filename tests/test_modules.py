@@ -305,6 +305,7 @@ def test_no_module_is_over_500_lines():
 #: modules every floor shares. A toolkit command is a package of its own (check/, bench/, ...).
 TOP_LEVEL = {
     "opforge": "the package: loads the op library, the public functions",
+    "opforge.arguments": "the public functions' argument errors the dispatcher words poorly",
     "opforge.autograd": "the derivatives of the operators",
     "opforge.console": "stdout / stderr consoles every command prints through",
     "opforge.derive": "samples, cost and tolerances derived from a schema",

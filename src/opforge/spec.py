@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from opforge import autograd, sharding
+from opforge.arguments import check_number_arguments, check_tensor_arguments, name_missing_tensors
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -303,7 +304,7 @@ class OpSpec:
             torch.library.register_fake(self._registration_name)(self.fake)
         if not self.owner_registered:
             autograd.register(self)
-            _name_missing_tensors(self)
+            name_missing_tensors(self)
         elif self.backward is not None:
             torch.library.register_autograd(self._registration_name, self.backward, setup_context=self.setup_context)
         self.function = _public_function(self)
@@ -357,8 +358,8 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
             # due ("no fallback function is registered") blame the operator's
             # writer, and for a number out of a double's range speak of its
             # type ("found type 'int'"); name the argument and value instead.
-            _check_tensor_arguments(spec, args, kwargs)
-            _check_number_arguments(spec, args, kwargs)
+            check_tensor_arguments(spec, args, kwargs)
+            check_number_arguments(spec, args, kwargs)
             raise
 
     # Dynamo folds is_dynamo_compiling() to True while tracing (graphs and
@@ -386,79 +387,6 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     fn.__signature__ = spec.signature()  # type: ignore[attr-defined]
     fn.__doc__ = f"{spec.doc.strip()}\n\nSchema: {spec.schema}\n"
     return fn
-
-
-def _check_tensor_arguments(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raises TypeError naming the first non-optional Tensor argument that got no tensor."""
-    try:
-        bound = spec.signature().bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"{spec.qualname}: {exc}") from None
-    for a in spec.schema.arguments:
-        if str(a.type) == "Tensor" and a.name in bound.arguments and not isinstance(bound.arguments[a.name], torch.Tensor):
-            value = bound.arguments[a.name]
-            raise TypeError(f"{spec.qualname}: {a.name} must be a Tensor, got {type(value).__name__} ({value!r:.40})") from None
-
-
-def _check_number_arguments(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raises OverflowError naming the first int, float or Scalar argument given a Python int
-    its type cannot hold (torch's parser then says only that it "found type 'int'")."""
-    try:
-        bound = spec.signature().bind(*args, **kwargs)
-    except TypeError:
-        return
-    for a in spec.schema.arguments:
-        value = bound.arguments.get(a.name)
-        if not isinstance(value, int) or isinstance(value, bool):
-            continue
-        kind = str(a.type).removesuffix("?")
-        if kind == "float":
-            try:
-                float(value)
-            except OverflowError:
-                raise OverflowError(
-                    f"{spec.qualname}: {a.name}={_magnitude(value)} is out of range: a float argument takes a double, "
-                    "at most about 1.8e308 in magnitude"
-                ) from None
-        elif kind in ("int", "SymInt", "Scalar") and not -(2**63) <= value < 2**63:
-            raise OverflowError(
-                f"{spec.qualname}: {a.name}={_magnitude(value)} is out of range: an {kind} argument takes a 64-bit "
-                "integer, -2^63 to 2^63 - 1"
-            )
-
-
-def _magnitude(value: int) -> str:
-    """A Python int too long to print whole, as 1e400 or -1.5e20 (exact up to its first three digits)."""
-    digits = str(abs(value))
-    if len(digits) <= 20:
-        return str(value)
-    mantissa = digits[0] + ("." + digits[1:3].rstrip("0") if digits[1:3].strip("0") else "")
-    return f"{'-' if value < 0 else ''}{'' if digits[3:].strip('0') == '' else '~'}{mantissa}e{len(digits) - 1}"
-
-
-class _NamingPacket(torch._ops.OpOverloadPacket):
-    """``torch.ops.<namespace>.<name>`` of an opforge operator: a call that gives the
-    dispatcher no tensor to dispatch on (a None where the operator's one tensor is due)
-    raises naming the argument, as opforge's own function does, rather than the
-    dispatcher's "forgot to register a fallback". A kernel cannot do it: the only key
-    such a call reaches is a composite one, which would make every device look served
-    and send fake tensors through it."""
-
-    _opforge_spec: OpSpec
-
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().__call__(*args, **kwargs)
-        except NotImplementedError:
-            _check_tensor_arguments(self._opforge_spec, args, kwargs)
-            raise
-
-
-def _name_missing_tensors(spec: OpSpec) -> None:
-    packet = getattr(getattr(torch.ops, spec.namespace), spec.name)
-    if type(packet) is torch._ops.OpOverloadPacket:
-        packet._opforge_spec = spec  # type: ignore[attr-defined]
-        packet.__class__ = _NamingPacket
 
 
 _REGISTRY: dict[str, OpSpec] = {}

@@ -60,7 +60,6 @@ from opforge.check.values import (
     unchanged,
     with_special_values,
 )
-from opforge.check.values import special_values as special_values
 from opforge.spec import OpSpec, Sample, SpecError
 
 CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
@@ -493,7 +492,6 @@ __all__ = [
     "reference_cases",
     "run_reference",
     "self_overlapping",
-    "special_values",
     "to_reference",
     "unmarked_write_message",
     "unmarked_writes",
