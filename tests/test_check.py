@@ -22,9 +22,9 @@ from opforge.check.run import (
     generator,
     measure_error,
     poisoned_allocations,
-    special_values,
     with_special_values,
 )
+from opforge.check.values import special_values
 from opforge.spec import OpSpec, get_specs, register
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wrong_ops" / "wrong_ops.cpp"
