@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from opforge.check_export import check_export
 from opforge.check_grad import check_compile, check_gradcheck, check_gradgradcheck
 from opforge.check_sharding import sharding_check
 from opforge.check_steps import CheckResult, KernelError, first_line, generator, sample_label, settle, step, with_grad
@@ -58,7 +59,7 @@ from opforge.check_values import (
 from opforge.check_values import special_values as special_values
 from opforge.spec import OpSpec, Sample
 
-CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
+CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "export", "bad inputs", "sharding")
 
 # opcheck runs each sample through several dispatch modes: a few layouts
 # already cover what it tests (schema, fake, autograd registration).
@@ -353,6 +354,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
     "gradcheck": check_gradcheck,
     "gradgradcheck": check_gradgradcheck,
     "compile": check_compile,
+    "export": check_export,
     "bad inputs": check_bad_inputs,
     "sharding": check_sharding,
 }
