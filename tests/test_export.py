@@ -5,12 +5,17 @@ a fresh Python process and a C++ program that run them."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
 import opforge
+import opforge.export
 from opforge.check import CHECK_FUNCTIONS, CHECKS
 from opforge.check_export import check_export
 from opforge.spec import all_specs
@@ -121,3 +126,111 @@ def test_qqq_linear_exports_with_a_dynamic_batch_and_round_trips(device, seed):
     ep = _exported_round_trip(layer, (torch.randn(5, 64, device=device, dtype=dtype),), ({0: b},),
                               (torch.randn(33, 64, device=device, dtype=dtype),))  # fmt: skip
     assert "opforge.qqq_gemm.default" in str(ep.graph)
+
+
+# --- packages that carry their libraries and call C shims ---
+
+sys.path.insert(0, str(DEPLOY))
+import model as deploy_model  # noqa: E402 - the example's model: an LLTM step, a gemm, a W4A8 linear
+
+PROXY_CALL = "aoti_torch_proxy_executor_call_function"
+SHIMMED = ("lltm_forward", "gemm", "qqq_gemm")
+
+# Run in a fresh interpreter: whether the package's operators exist before it is loaded, then the
+# package's outputs on the inputs written beside it, each compared bitwise with the eager ones there,
+# and how many calls the shim library served.
+FRESH = """
+import sys, torch
+import numpy as np
+import opforge.export as ox
+from opforge.export.shims import shim_calls
+path, prefix, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+print("defined before load:", hasattr(torch.ops, "opforge") and hasattr(torch.ops.opforge, "gemm"))
+model = ox.load(path)
+rows = [line.split() for line in open(prefix + ".io.txt")]
+arrays = {n: torch.from_numpy(np.fromfile(f"{prefix}.{n}.bin", dtype=getattr(np, d)).reshape([int(s) for s in sh]))
+          for n, d, *sh in rows}
+device = sys.argv[4]
+inputs = [arrays[n].to(device) for n, *_ in rows if not n.startswith("out")]
+for _ in range(runs):
+    outs = model(*inputs)
+print("equal:", [torch.equal(o.cpu(), arrays[f"out{i}"]) for i, o in enumerate(outs)])
+shims = [p for p, role in ox.extract_libraries(path) if role == "shims"]
+print("shim calls:", shim_calls(shims[0]) if shims else 0)
+"""
+
+
+def fresh_python(*args: str, autoload: bool = False) -> subprocess.CompletedProcess:
+    """A new interpreter; opforge's library not loaded unless ``autoload``: the package must bring it."""
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "0" if autoload else "1"}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
+
+
+def wrapper_source(path: Path) -> str:
+    with zipfile.ZipFile(path) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
+        return z.read(name).decode()
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def packaged(request, tmp_path_factory):
+    """The example's model packaged (batch dynamic, exported at 8 rows), and another batch's
+    inputs (13 rows) with their eager outputs written beside it."""
+    device = request.param
+    if device == "cuda":
+        from .conftest import HAS_CUDA
+
+        if not HAS_CUDA:
+            pytest.skip("no CUDA GPU visible, or the op library has no CUDA kernels")
+    root = tmp_path_factory.mktemp(f"package-{device}")
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    model, args, dynamic = deploy_model.example(batch=8, device=device)
+    result = opforge.export.package(model, args, root / "model.pt2", dynamic_shapes=dynamic)
+    _, other, _ = deploy_model.example(batch=13, device=device)
+    with torch.no_grad():
+        out = model(*other)
+    deploy_model.write_arrays(
+        root / "model.pt2", {"x": other[0], "h": other[1], "c": other[2], **{f"out{i}": o for i, o in enumerate(out)}}
+    )
+    return root / "model.pt2", result, device
+
+
+def test_the_package_carries_the_op_library_and_the_shim_library(packaged):
+    path, result, _ = packaged
+    assert result.ops == [f"opforge.{op}.default" for op in SHIMMED]
+    assert result.shims == result.ops and result.proxied == {}
+    info = opforge.export.manifest(path)
+    roles = {e["file"]: e["role"] for e in info["libraries"]}
+    assert roles == {Path(opforge.library.path).name: "ops", result.libraries[-1]: "shims"}, roles
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    assert all(any(n.endswith(f"/opforge/{f}") for n in names) for f in roles)
+
+
+def test_the_compiled_model_calls_the_generated_shims_and_never_the_proxy(packaged):
+    path, _, device = packaged
+    source = wrapper_source(path)
+    for op in SHIMMED:
+        assert f"aoti_torch_{device}_{op}(" in source
+    assert PROXY_CALL not in source and "custom_op_wrapper" not in source and "py::" not in source
+    with zipfile.ZipFile(path) as z:
+        # The proxy executor's instructions (the extern kernels' JSON): none, as no call needs it.
+        assert not [n for n in z.namelist() if n.endswith(".json") and "/aotinductor/" in n and not n.endswith("_metadata.json")]
+
+
+def test_a_fresh_process_loads_the_package_and_its_libraries_and_runs_it_equal_to_eager(packaged):
+    path, _, device = packaged
+    res = fresh_python("-c", FRESH, str(path), str(path), "2", device)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert "defined before load: False" in lines, res.stdout
+    assert "equal: [True, True, True]" in lines, res.stdout
+    # Two runs of three operators, every call through a shim.
+    assert "shim calls: 6" in lines, res.stdout
+
+
+def test_loading_beside_an_imported_opforge_keeps_its_library(packaged):
+    path, _, device = packaged
+    res = fresh_python("-c", FRESH, str(path), str(path), "1", device, autoload=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "defined before load: True" in res.stdout and "equal: [True, True, True]" in res.stdout
