@@ -145,7 +145,8 @@ import numpy as np
 import opforge.export as ox
 from opforge.export.shims import shim_calls
 path, prefix, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
-print("defined before load:", hasattr(torch.ops, "opforge") and hasattr(torch.ops.opforge, "gemm"))
+ops = [op.split(".")[:2] for op in ox.manifest(path)["ops"]]
+print("defined before load:", [hasattr(getattr(torch.ops, ns), name) for ns, name in ops])
 model = ox.load(path)
 rows = [line.split() for line in open(prefix + ".io.txt")]
 arrays = {n: torch.from_numpy(np.fromfile(f"{prefix}.{n}.bin", dtype=getattr(np, d)).reshape([int(s) for s in sh]))
@@ -154,6 +155,7 @@ device = sys.argv[4]
 inputs = [arrays[n].to(device) for n, *_ in rows if not n.startswith("out")]
 for _ in range(runs):
     outs = model(*inputs)
+outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
 print("equal:", [torch.equal(o.cpu(), arrays[f"out{i}"]) for i, o in enumerate(outs)])
 shims = [p for p, role in ox.extract_libraries(path) if role == "shims"]
 print("shim calls:", shim_calls(shims[0]) if shims else 0)
@@ -223,7 +225,7 @@ def test_a_fresh_process_loads_the_package_and_its_libraries_and_runs_it_equal_t
     res = fresh_python("-c", FRESH, str(path), str(path), "2", device)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
-    assert "defined before load: False" in lines, res.stdout
+    assert "defined before load: [False, False, False]" in lines, res.stdout
     assert "equal: [True, True, True]" in lines, res.stdout
     # Two runs of three operators, every call through a shim.
     assert "shim calls: 6" in lines, res.stdout
@@ -233,4 +235,61 @@ def test_loading_beside_an_imported_opforge_keeps_its_library(packaged):
     path, _, device = packaged
     res = fresh_python("-c", FRESH, str(path), str(path), "1", device, autoload=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "defined before load: True" in res.stdout and "equal: [True, True, True]" in res.stdout
+    assert "defined before load: [True, True, True]" in res.stdout and "equal: [True, True, True]" in res.stdout
+
+
+# --- a user's operator ---
+
+USER_OP = FIXTURES / "export_op"
+# The user's whole spec: five lines, as a user writes it.
+USER_SPEC = """\
+import torch, opforge  # noqa: E401
+SPECS = [opforge.spec(torch.ops.export_ops.scale_add.default,
+                      reference=lambda x, y, alpha=2.0: x + alpha * y, dtypes=(torch.float32,),
+                      fake=lambda x, y, alpha=2.0: x.new_empty(x.shape))]  # fmt: skip
+"""
+
+
+class UserModel(torch.nn.Module):
+    """A user's operator after one of opforge's: two op libraries in one package."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.export_ops.scale_add(opforge.square(x), y, 0.5)
+
+
+@pytest.fixture(scope="module")
+def user_op(tmp_path_factory):
+    """The fixture's stable-ABI operator built and loaded as `opforge build` builds a folder, and its five-line spec loaded."""
+    from opforge.builder import folder_config
+    from opforge.builder.jit import load_library
+    from opforge.project import load_spec_file
+
+    lib = load_library(folder_config(USER_OP, with_cuda=False), quiet=True)
+    assert len(USER_SPEC.splitlines()) <= 5
+    spec_file = tmp_path_factory.mktemp("user-spec") / "export_op_spec.py"
+    spec_file.write_text(USER_SPEC)
+    (spec,) = load_spec_file(spec_file)
+    return lib.path, spec
+
+
+def test_a_users_operator_with_a_five_line_spec_passes_the_export_check(user_op, seed):
+    _, spec = user_op
+    result = check_export(spec, CPU, seed)
+    assert result.status == "pass" and result.note.startswith("dynamic: inputs_0[0], inputs_1[0]"), (result.failures, result.note)
+
+
+def test_a_users_operator_packages_with_its_library_and_a_shim_and_runs_in_a_fresh_process(user_op, tmp_path):
+    lib_path, _ = user_op
+    x, y = torch.randn(6, 5), torch.randn(6, 5)
+    b = torch.export.Dim("batch", min=2, max=512)
+    result = opforge.export.package(UserModel(), (x, y), tmp_path / "user.pt2", dynamic_shapes=({0: b}, {0: b}))
+    assert result.ops == ["opforge.square.default", "export_ops.scale_add.default"]
+    assert result.shims == result.ops and result.proxied == {}
+    assert result.libraries[:2] == [Path(opforge.library.path).name, Path(lib_path).name]
+    assert "aoti_torch_cpu_scale_add(" in wrapper_source(tmp_path / "user.pt2")
+    x, y = torch.randn(11, 5), torch.randn(11, 5)
+    deploy_model.write_arrays(tmp_path / "user.pt2", {"x": x, "y": y, "out0": UserModel()(x, y)})
+    res = fresh_python("-c", FRESH, str(tmp_path / "user.pt2"), str(tmp_path / "user.pt2"), "1", "cpu")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "defined before load: [False, False]" in res.stdout and "equal: [True]" in res.stdout, res.stdout
+    assert "shim calls: 2" in res.stdout, res.stdout
