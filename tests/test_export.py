@@ -4,8 +4,10 @@ a fresh Python process and a C++ program that run them."""
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -293,3 +295,145 @@ def test_a_users_operator_packages_with_its_library_and_a_shim_and_runs_in_a_fre
     assert res.returncode == 0, res.stdout + res.stderr
     assert "defined before load: [False, False]" in res.stdout and "equal: [True]" in res.stdout, res.stdout
     assert "shim calls: 2" in res.stdout, res.stdout
+
+
+# --- the generated shims, called as the compiled model calls them ---
+
+
+@pytest.fixture(scope="module")
+def library_shims():
+    from opforge.export.shims import build_shim_library, plan
+
+    shims, refused = plan([s.overload for s in all_specs() if s.namespace == "opforge"])
+    assert refused == {}
+    lib = build_shim_library(shims)
+    return ctypes.CDLL(str(lib.path)), {s.op: s for s in shims}
+
+
+_LIBTORCH = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    fn = getattr(_LIBTORCH, f"aoti_torch_dtype_{str(dtype).removeprefix('torch.')}")
+    fn.restype = ctypes.c_int32
+    return fn()
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _handle(t: torch.Tensor) -> ctypes.c_void_p:
+    """A new AtenTensorHandle of ``t`` (the wrapper lends its handles; this one is left to the process)."""
+    return ctypes.c_void_p(_capsule_pointer(torch._C._aoti.unsafe_alloc_void_ptr_from_tensor(t), None))
+
+
+def call_shim(lib: ctypes.CDLL, name: str, op: torch._ops.OpOverload, args: tuple) -> list[torch.Tensor]:
+    """Calls the shim ``name`` with ``args`` passed in the C types Inductor's wrapper passes them; its new tensors."""
+    c_args: list = []
+    keep: list = []
+    for a, value in zip(op._schema.arguments, args, strict=True):
+        kind = str(a.real_type)
+        if kind == "Tensor":
+            c_args.append(_handle(value))
+        elif kind == "Optional[Tensor]":
+            handle = None if value is None else _handle(value)
+            keep.append(handle)
+            c_args.append(None if handle is None else ctypes.pointer(handle))
+        elif kind == "float":
+            c_args.append(ctypes.c_double(value))
+        elif kind == "int":
+            c_args.append(ctypes.c_int64(value))
+        elif kind == "Optional[ScalarType]":
+            code = None if value is None else ctypes.c_int32(_dtype_code(value))
+            keep.append(code)
+            c_args.append(None if code is None else ctypes.pointer(code))
+        elif kind == "List[bool]":
+            c_args += [(ctypes.c_int32 * len(value))(*value), ctypes.c_int64(len(value))]
+        else:
+            raise AssertionError(f"{op}: the test passes no {kind}")
+    rets = [ctypes.c_void_p() for _ in op._schema.returns]
+    fn = getattr(lib, name)
+    fn.restype = ctypes.c_int32
+    assert fn(*c_args, *[ctypes.byref(r) for r in rets]) == 0, f"{name} failed"
+    return [torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr(_capsule_new(r.value, None, None)) for r in rets]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", LIBRARY_OPS)
+def test_each_library_operators_shim_computes_what_the_operator_does(library_shims, name, device, seed):
+    from opforge.check_export import export_sample
+    from opforge.check_grad import compile_dtype
+
+    lib, shims = library_shims
+    (spec,) = [s for s in all_specs() if s.name == name]
+    shim = shims[spec.overload]
+    assert shim.names == (f"aoti_torch_cpu_{name}", f"aoti_torch_cuda_{name}")
+    sample = export_sample(list(spec.samples(torch.device(device), compile_dtype(spec), torch.Generator(device).manual_seed(seed))))
+    bound = spec.signature().bind(*sample.args, **sample.kwargs)
+    bound.apply_defaults()  # the wrapper passes every argument, defaults included
+    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in bound.arguments.values())
+    want = spec.overload(*sample.args, **sample.kwargs)
+    got = call_shim(lib, f"aoti_torch_{device}_{name}", spec.overload, args)
+    want = [want] if isinstance(want, torch.Tensor) else list(want or ())
+    want += [sample.args[i] for i in spec.mutated_args]
+    got += [args[i] for i in spec.mutated_args]
+    assert len(got) == len(want)
+    for w, g in zip(want, got, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)
+
+
+def test_a_shim_reports_the_operators_error_and_returns_failure(library_shims, capfd):
+    lib, _ = library_shims
+    a, b = torch.randn(3), torch.randn(4)
+    fn = lib.aoti_torch_cpu_add
+    fn.restype = ctypes.c_int32
+    handles = [_handle(t) for t in (a, b)]
+    ret = ctypes.c_void_p()
+    assert fn(*handles, ctypes.byref(ret)) == 1 and ret.value is None
+    assert "opforge C shim of opforge::add: " in capfd.readouterr().err
+
+
+def _schema_op(ns: str, schema: str) -> torch._ops.OpOverload:
+    lib = torch.library.Library(ns, "FRAGMENT")
+    lib.define(schema)
+    _KEEP.append(lib)
+    name = schema.split("(")[0]
+    return getattr(getattr(torch.ops, ns), name).default
+
+
+_KEEP: list = []
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ("scaled(Tensor x, Scalar s) -> Tensor", "argument s is a number, a type the generated shims do not pass"),
+        ("named(Tensor x, str mode) -> Tensor", "argument mode is a str, a type the generated shims do not pass"),
+        ("stacked(Tensor[] xs) -> Tensor", "argument xs is a List[Tensor], a type the generated shims do not pass"),
+        ("counted(Tensor x) -> int", "return 0 is a int, not a Tensor"),
+        ("add_Tensor(Tensor x) -> Tensor", "its shim's name aoti_torch_cpu_add_Tensor is a function libtorch already exports"),
+    ],
+)
+def test_an_operator_that_cannot_have_a_shim_keeps_the_proxy_and_says_why(schema, why):
+    from opforge.export.shims import NoShim, plan, shim_for
+
+    ns = f"opforge_test_noshim_{os.getpid()}"
+    op = _schema_op(ns, schema)
+    with pytest.raises(NoShim, match=re.escape(why)):
+        shim_for(op)
+    shims, refused = plan([op, torch.ops.opforge.square.default])
+    assert [str(s.op) for s in shims] == ["opforge.square.default"]
+    assert list(refused) == [f"{ns}::{schema.split('(')[0]}.default"] and why in refused[f"{ns}::{schema.split('(')[0]}.default"]
+
+
+def test_two_operators_of_one_name_in_two_namespaces_both_keep_the_proxy():
+    from opforge.export.shims import plan
+
+    other = _schema_op(f"opforge_test_twin_{os.getpid()}", "gemm(Tensor a, Tensor b) -> Tensor")
+    shims, refused = plan([torch.ops.opforge.gemm.default, other, torch.ops.opforge.add.default])
+    assert [str(s.op) for s in shims] == ["opforge.add.default"]
+    assert set(refused) == {"opforge::gemm.default", f"{other.namespace}::gemm.default"}
+    assert all("Inductor names a shim by the operator's name alone" in r for r in refused.values())
