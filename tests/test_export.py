@@ -8,6 +8,7 @@ import ctypes
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -437,3 +438,62 @@ def test_two_operators_of_one_name_in_two_namespaces_both_keep_the_proxy():
     assert [str(s.op) for s in shims] == ["opforge.add.default"]
     assert set(refused) == {"opforge::gemm.default", f"{other.namespace}::gemm.default"}
     assert all("Inductor names a shim by the operator's name alone" in r for r in refused.values())
+
+
+# --- without Python: the C++ runner ---
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    """examples/deploy built with CMake and g++ against this torch."""
+    if shutil.which("cmake") is None or shutil.which("g++") is None:
+        pytest.skip("cmake and g++ are needed to build the C++ runner")
+    build = tmp_path_factory.mktemp("deploy-build")
+    prefix = torch.utils.cmake_prefix_path
+    # g++ by name: a default compiler that links libstdc++ statically cannot share libtorch's.
+    env = {**os.environ, "CXX": "g++"}
+    for cmd in (["cmake", "-S", str(DEPLOY), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}"], ["cmake", "--build", str(build)]):
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return build / "deploy_runner"
+
+
+@pytest.mark.slow
+def test_the_cpp_runner_runs_the_package_without_python_equal_to_eager(packaged, runner, tmp_path):
+    path, _, device = packaged
+    libs = [str(p) for p, _ in opforge.export.extract_libraries(path, tmp_path / "libs")]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    # No PYTHONPATH, no interpreter: only the runner, the package and its libraries.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    res = subprocess.run([str(runner), str(path), str(path), str(out_dir), device, *libs], env=env, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split() for line in Path(f"{path}.io.txt").read_text().splitlines()]
+    expected = [r for r in rows if r[0].startswith("out")]
+    assert res.stdout.split("\n")[:-1] == [" ".join(r) for r in expected]
+    for name, *_ in expected:
+        assert (out_dir / f"{name}.bin").read_bytes() == Path(f"{path}.{name}.bin").read_bytes(), name
+
+
+@pytest.mark.slow
+def test_the_cpp_runner_refuses_a_library_it_cannot_load(runner, tmp_path):
+    bogus = tmp_path / "not_a_library.so"
+    bogus.write_text("not ELF")
+    res = subprocess.run([str(runner), "x.pt2", "x", str(tmp_path), "cpu", str(bogus)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and f"deploy_runner: cannot load {bogus}" in res.stderr
+
+
+# --- the proxy, where no shim is asked for ---
+
+
+@pytest.mark.slow
+def test_without_shims_the_package_calls_the_proxy_and_no_shim(tmp_path):
+    x = torch.randn(9, 4)
+    result = opforge.export.package(opforge.nn.Square(), (x,), tmp_path / "proxied.pt2", shims=False)
+    assert result.shims == [] and result.proxied == {"opforge::square.default": "shims=False"}
+    source = wrapper_source(tmp_path / "proxied.pt2")
+    assert PROXY_CALL in source and "aoti_torch_cpu_square(" not in source
+    assert [e["role"] for e in opforge.export.manifest(tmp_path / "proxied.pt2")["libraries"]] == ["ops"]
+    got = opforge.export.load(tmp_path / "proxied.pt2")(x)
+    assert torch.equal(got, x * x)
