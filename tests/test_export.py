@@ -497,3 +497,16 @@ def test_without_shims_the_package_calls_the_proxy_and_no_shim(tmp_path):
     assert [e["role"] for e in opforge.export.manifest(tmp_path / "proxied.pt2")["libraries"]] == ["ops"]
     got = opforge.export.load(tmp_path / "proxied.pt2")(x)
     assert torch.equal(got, x * x)
+
+
+def test_the_operators_page_lists_every_library_operators_shims():
+    from opforge.export.shims import plan
+
+    shims, refused = plan([s.overload for s in all_specs() if s.namespace == "opforge"])
+    text = (ROOT / "docs" / "operators.md").read_text()
+    section = text.split("## AOTInductor C shims", 1)[1]
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2].strip() for line in section.splitlines() if line.startswith("| ") and "`" in line
+    }
+    assert refused == {}
+    assert rows == {s.op._schema.name.split("::")[1]: ", ".join(f"`{n}`" for n in s.names) for s in shims}

@@ -65,7 +65,8 @@ def main() -> None:
     with torch.no_grad():
         out = model(*args)
     write_arrays(path, {"x": args[0], "h": args[1], "c": args[2], "out0": out[0], "out1": out[1], "out2": out[2]})
-    print(f"{path}: ops {', '.join(packaged.ops)}; C shims for {', '.join(packaged.shims) or 'none'}; carries {', '.join(packaged.libraries)}")
+    shims = ", ".join(packaged.shims) or "none"
+    print(f"{path}: ops {', '.join(packaged.ops)}; C shims for {shims}; carries {', '.join(packaged.libraries)}")
 
 
 if __name__ == "__main__":
