@@ -2,9 +2,9 @@
 //
 //   deploy_runner MODEL.pt2 IO_PREFIX OUT_DIR [cpu|cuda] LIBRARY.so...
 //
-// LIBRARY.so: the package's op libraries, then its C shim library (the files
-// under <name>/opforge/ in the archive, in the order its manifest.json lists
-// them). Each is loaded before the model: an op library registers its
+// LIBRARY.so: the package's op libraries and its C shim library (the files
+// under <name>/opforge/ in the archive, listed in its manifest.json), in any
+// order. Each is loaded before the model: an op library registers its
 // operators with the dispatcher, and the compiled model was linked against the
 // shim library, which the loader finds already loaded by its soname.
 //

@@ -1,8 +1,8 @@
 """AOTInductor C shims generated from operator schemas.
 
 Without a C shim, AOTInductor's C++ wrapper calls a custom operator through
-its proxy executor: the arguments serialised to JSON at compile time and
-parsed back into a boxed call on every run. Inductor calls a C function
+its proxy executor: a generic boxed call, laid out from a JSON description of
+each call that the package carries. Inductor calls a C function
 instead for each operator listed in ``aot_inductor.custom_ops_to_c_shims``
 (its declaration) and links the libraries of ``aot_inductor.custom_op_libs``.
 Those functions are written by hand elsewhere; here they are generated from
