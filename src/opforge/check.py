@@ -438,6 +438,7 @@ __all__ = [
     "ErrorStats",
     "check_bad_inputs",
     "check_compile",
+    "check_export",
     "check_gradcheck",
     "check_gradgradcheck",
     "check_op",
