@@ -116,6 +116,8 @@ def package(
     """Exports ``model`` on ``args`` (an ExportedProgram is taken as it is), compiles it with
     AOTInductor into ``path`` (a ``.pt2``) and puts in it the op libraries it needs and, with
     ``shims``, the C shim library its compiled code calls."""
+    import torch._inductor
+
     path = Path(path)
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
@@ -233,6 +235,8 @@ def load(path: str | os.PathLike[str], *, directory: str | os.PathLike[str] | No
     operators this process does not have yet), then its C shim library, then the model
     (``torch._inductor.aoti_load_package``)."""
     import ctypes
+
+    import torch._inductor
 
     info = manifest(path)
     spaces = {e["file"]: e.get("namespaces", []) for e in info["libraries"]}
