@@ -97,7 +97,9 @@ bench)
     qqq)  # W4A8 against float16 torch.matmul of the same dequantised weights
       bench_to "${DEV}_${DATE}_qqq" qqq_gemm --dtype float16 --no-compile --budget 0.3
       python3 benchmarks/qqq_summary.py "$OUT/${DEV}_${DATE}_qqq.json" --markdown --plot "$OUT/${DEV}_${DATE}_qqq.png" ;;
-    *) echo "bench: no family '$family' (elementwise fused layouts sweep host lltm gemm qqq)"; exit 2 ;;
+    export)  # not in the default list: it compiles two AOTInductor packages (a minute or two)
+      CXX=g++ timeout 540 python3 benchmarks/export_timing.py --device cuda --json "$OUT/export-timing_${DEV}_${DATE}.json" 2>&1 | tail -n 12 ;;
+    *) echo "bench: no family '$family' (elementwise fused layouts sweep host lltm gemm qqq export)"; exit 2 ;;
     esac
   done
   ;;

@@ -26,9 +26,9 @@ def test_check_passes_and_prints_the_table():
     res = opforge_cli("check", "add", "axpby", "--device", "cpu", "--seed", "7")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "opforge::add " in res.stdout and "opforge::axpby " in res.stdout
-    for col in ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding"):
+    for col in ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "export", "bad inputs", "sharding"):
         assert col in res.stdout
-    assert res.stdout.strip().endswith("14 passed, 0 failed")
+    assert res.stdout.strip().endswith("16 passed, 0 failed")
     assert "seed 7" in res.stderr
 
 

@@ -246,6 +246,7 @@ GUIDE_PARTS: dict[str, tuple[int, ...]] = {
     "profile": (10,),
     "bring-your-own": (12,),
     "at-scale": (1, 12, 13),
+    "deploy": (14,),
 }
 
 

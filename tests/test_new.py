@@ -89,7 +89,7 @@ def test_check_passes_every_check(package, env):
     res = opforge_cli(env, "check", str(root), "--device", "cpu", "--seed", "5")
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"{NAME}::{NAME}" in res.stdout
-    assert res.stdout.strip().endswith("6 passed, 0 failed")  # reference, opcheck, gradcheck, gradgradcheck, compile, bad inputs
+    assert res.stdout.strip().endswith("7 passed, 0 failed")  # reference, opcheck, gradcheck, gradgradcheck, compile, export, bad inputs
 
 
 @pytest.mark.slow
@@ -199,7 +199,7 @@ def test_cuda_package_builds_checks_benches_profiles_and_its_tests_pass(cuda_pac
     assert "CUDA kernels: yes" in build.stdout
     res = opforge_cli(env, "check", str(root), "--device", "cuda", "--seed", "5")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip().endswith("6 passed, 0 failed")
+    assert res.stdout.strip().endswith("7 passed, 0 failed")
     res = run(env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(root / "tests"), cwd=root)
     assert res.returncode == 0, res.stdout + res.stderr
     assert " passed" in res.stdout and "skipped" not in res.stdout  # the CUDA tests ran

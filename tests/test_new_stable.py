@@ -75,7 +75,7 @@ def test_check_passes_every_check(package, env):
     root, _ = package
     res = opforge_cli(env, "check", str(root), "--device", "cpu", "--seed", "5")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip().endswith("6 passed, 0 failed")  # reference, opcheck, gradcheck, gradgradcheck, compile, bad inputs
+    assert res.stdout.strip().endswith("7 passed, 0 failed")  # reference, opcheck, gradcheck, gradgradcheck, compile, export, bad inputs
 
 
 @pytest.mark.slow
@@ -192,7 +192,7 @@ def test_cuda_package_builds_checks_benches_and_is_stable(cuda_package, env):
     assert "CUDA kernels: yes" in build.stdout
     res = opforge_cli(env, "check", str(root), "--device", "cuda", "--seed", "5")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip().endswith("6 passed, 0 failed")
+    assert res.stdout.strip().endswith("7 passed, 0 failed")
     args = ("bench", str(root), "--device", "cuda", "--dtype", "float32", "--budget", "0.05", "--seed", "3", "--no-compile")
     res = opforge_cli(env, *args)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -109,8 +109,8 @@ def test_check_of_a_spec_file_passes_with_what_the_schema_gives(tmp_path, seed):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "extension_cpp::mymuladd" in res.stdout
     assert "samples, bench cases, cost and tolerances derived from the schema; no bad inputs declared" in res.stdout
-    # reference, opcheck, gradcheck and gradgradcheck (the owner's autograd formula), compile; no bad inputs to try.
-    assert res.stdout.strip().endswith("5 passed, 0 failed")
+    # reference, opcheck, gradcheck and gradgradcheck (the owner's autograd formula), compile, export; no bad inputs to try.
+    assert res.stdout.strip().endswith("6 passed, 0 failed")
     assert "none declared" in res.stdout
 
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from opforge.check.export import check_export
 from opforge.check.grad import check_compile, check_gradcheck, check_gradgradcheck
 from opforge.check.sharding import sharding_check
 from opforge.check.steps import CheckResult, KernelError, first_line, generator, sample_label, settle, step, with_grad
@@ -54,7 +55,6 @@ from opforge.check.values import (
     compare,
     measure_error,
     poisoned_allocations,
-    self_overlapping,
     small,
     tensors,
     unchanged,
@@ -62,7 +62,7 @@ from opforge.check.values import (
 )
 from opforge.spec import OpSpec, Sample, SpecError
 
-CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "bad inputs", "sharding")
+CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "export", "bad inputs", "sharding")
 
 # opcheck runs each sample through several dispatch modes: a few layouts
 # already cover what it tests (schema, fake, autograd registration).
@@ -387,6 +387,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] =
     "gradcheck": check_gradcheck,
     "gradgradcheck": check_gradgradcheck,
     "compile": check_compile,
+    "export": check_export,
     "bad inputs": check_bad_inputs,
     "sharding": check_sharding,
 }
@@ -491,7 +492,6 @@ __all__ = [
     "poisoned_allocations",
     "reference_cases",
     "run_reference",
-    "self_overlapping",
     "to_reference",
     "unmarked_write_message",
     "unmarked_writes",

@@ -120,10 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_new)
     sp = sub.add_parser("list", help="list the operators and their schemas")
     sp.set_defaults(fn=cmd_list)
-    sp = sub.add_parser("check", help="verify operators: reference, opcheck, gradcheck, gradgradcheck, torch.compile, bad inputs, sharding")
+    sp = sub.add_parser(
+        "check", help="verify operators: reference, opcheck, gradcheck, gradgradcheck, torch.compile, export, bad inputs, sharding"
+    )
     common(sp)
     sp.add_argument(
-        "--checks", default=None, help="comma-separated subset of: reference,opcheck,gradcheck,gradgradcheck,compile,bad inputs,sharding"
+        "--checks",
+        default=None,
+        help="comma-separated subset of: reference,opcheck,gradcheck,gradgradcheck,compile,export,bad inputs,sharding",
     )
     sp.add_argument("--seeds", type=seed_count, default=1, help="K fresh seeds per sample for the reference check, 1 to 1000 (default 1)")
     sp.add_argument("--report", action="store_true", help="the worst error per case, not per dtype")
