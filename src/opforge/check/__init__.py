@@ -2,6 +2,7 @@
 torch.compile, bad inputs, sharding), one operator at a time. The names here are
 the ones a package's own tests use (``opforge new`` writes such tests)."""
 
+from opforge.check.export import check_export
 from opforge.check.grad import check_compile, check_gradcheck, check_gradgradcheck
 from opforge.check.run import (
     CHECKS,
@@ -21,6 +22,7 @@ __all__ = [
     "CheckResult",
     "check_bad_inputs",
     "check_compile",
+    "check_export",
     "check_gradcheck",
     "check_gradgradcheck",
     "check_op",
