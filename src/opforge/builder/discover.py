@@ -16,6 +16,7 @@ The package route's build is ``opforge.builder.package``'s.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 from collections.abc import Iterable
@@ -92,6 +93,9 @@ class Tree:
     vendored_include: tuple[Path, ...] = ()  # include/ folders inside vendored folders, sorted
     # Another framework's code (a tensorflow/ folder beside pytorch/): left out, said by describe.
     foreign: tuple[Foreign, ...] = ()
+    # Sources, headers and folders that cannot be built or read (a dangling symbolic link, a link loop, a
+    # name that is not UTF-8), each with why: left out, and said by describe.
+    unusable: tuple[tuple[Path, str], ...] = ()
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -113,7 +117,31 @@ class Tree:
         return sorted(p for d in self.header_dirs for p in d.iterdir() if p.suffix in HEADER_SUFFIXES and p.is_file())
 
     def rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix() if path != self.root else "."
+        return shown_path(path.relative_to(self.root).as_posix()) if path != self.root else "."
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as text that prints anywhere: the bytes of a name that is not UTF-8 as \\x escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def unusable_reason(path: Path) -> str | None:
+    """Why ``path`` (a file or folder found by a walk) cannot be built from, or None:
+    a name that is not UTF-8 (the compiler's command line and the cache key need text),
+    a symbolic link to nothing or a loop of links."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "its name is not UTF-8: rename it"
+    if not path.is_symlink():
+        return None
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a loop of symbolic links"
+        return f"a symbolic link to {shown_path(os.readlink(path))}, which is not there"
+    return None
 
 
 def walk(root: Path) -> Tree:
@@ -131,10 +159,14 @@ def walk(root: Path) -> Tree:
     include_named: list[Path] = []
     skipped: list[Path] = []
     vendored_include: list[Path] = []
+    unusable: list[tuple[Path, str]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         kept = []
         for d in sorted(dirnames):
+            if (bad := unusable_reason(here / d)) is not None:
+                unusable.append((here / d, bad))
+                continue
             why = skip_reason(here / d)
             if why is None:
                 kept.append(d)
@@ -145,7 +177,12 @@ def walk(root: Path) -> Tree:
         dirnames[:] = kept  # os.walk descends into what is left
         if here.name == "include" and here != root:
             include_named.append(here)
-        names = sorted(filenames)
+        names = []
+        for f in sorted(filenames):
+            if Path(f).suffix in (*SOURCE_SUFFIXES, *HEADER_SUFFIXES) and (bad := unusable_reason(here / f)) is not None:
+                unusable.append((here / f, bad))
+            else:
+                names.append(f)
         sources += [here / f for f in names if Path(f).suffix in SOURCE_SUFFIXES]
         if any(Path(f).suffix in HEADER_SUFFIXES for f in names):
             header_dirs.append(here)
@@ -168,6 +205,7 @@ def walk(root: Path) -> Tree:
         skipped=tuple(sorted(skipped, key=by_rel)),
         vendored_include=tuple(sorted(set(vendored_include), key=by_rel)),
         foreign=tuple(foreign),
+        unusable=tuple(sorted(unusable, key=lambda u: by_rel(u[0]))),
     )
 
 
@@ -195,7 +233,7 @@ def headers_under(folders: Iterable[Path]) -> list[Path]:
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames[:] = [d for d in dirnames if skip_reason(Path(dirpath) / d) is None]
             found.update(Path(dirpath) / f for f in filenames if Path(f).suffix in HEADER_SUFFIXES)
-    return sorted(p for p in found if p.is_file())
+    return sorted(p for p in found if p.is_file() and unusable_reason(p) is None)
 
 
 # --------------------------------------------------------------- the binding
@@ -378,6 +416,8 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     no folder, holds nothing to build, or holds two packages that import
     ``_C`` and no setup.py that says how to build them."""
     given = Path(path)
+    if (bad := unusable_reason(given)) is not None:
+        raise DiscoveryError(f"{shown_path(given)} cannot be built: {bad}")
     root = given.resolve()
     if not root.exists():
         raise DiscoveryError(f"{given} is not a folder: nothing is there")
@@ -483,8 +523,10 @@ __all__ = [
     "library_name",
     "pybind_modules",
     "read_binding",
+    "shown_path",
     "skip_reason",
     "skipped_name",
     "strip_comments",
+    "unusable_reason",
     "walk",
 ]
