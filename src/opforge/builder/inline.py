@@ -398,8 +398,8 @@ def _load(
     """load_module or load_library, with an undefined symbol explained."""
     try:
         if not cfg.python_module:
-            return None, load_library(cfg, quiet=quiet)
-        module, lib = load_module(cfg, quiet=quiet)
+            return None, load_library(cfg, quiet=quiet, verify=True)
+        module, lib = load_module(cfg, quiet=quiet, verify=True)
     except (BuildError, OSError) as exc:
         # Without this, load_module blames the PYBIND11_MODULE name, or torch's loader names only the file.
         explained = undefined_symbol_error(cfg.name, exc, left_out, root=root)

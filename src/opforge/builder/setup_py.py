@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from opforge.builder.child import run_bounded
 from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
 from opforge.builder.jit import BuildConfig
 from opforge.builder.package_init import abi3_suffix
@@ -212,13 +213,11 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
         out = Path(tmp) / "extensions.json"
         start = time.perf_counter()
         try:
-            res = subprocess.run(
+            # A group of its own, killed whole at the limit: a helper the setup.py started goes too.
+            res = run_bounded(
                 [sys.executable, "-c", _READER, str(setup_py), str(out)],
                 cwd=root,
                 env={**os.environ, "OPFORGE_NO_AUTOLOAD": "1"},
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:

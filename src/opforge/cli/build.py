@@ -96,7 +96,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
         if route == "jit":
             cfg = with_torch_pch(folder_config(folder))[0]
             try:
-                lib = load_library(cfg)
+                lib = load_library(cfg, verify=True)
             except OSError as exc:  # built, but it does not load: an undefined symbol is explained
                 left_out = () if cfg.with_cuda else layout.tree.cuda
                 raise undefined_symbol_error(cfg.name, exc, left_out, root=folder) or BuildError(
@@ -131,6 +131,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
             from opforge.builder.setuptools_ext import build_folder as build_with_setuptools
 
             so = build_with_setuptools(folder)
+            verify_library(so, folder)
             load_library_file(so)
             if registers_nothing(so, ops_before):
                 return _registered_nothing(folder, so)
@@ -187,17 +188,26 @@ def _imports(
     operators they registered; an undefined symbol that a CUDA source left
     out (``left_out``) would define is said so (``macro``: what the build
     defines only with CUDA, "" where opforge defines none)."""
+    from opforge.builder.discover import walk
     from opforge.builder.inline import undefined_symbol_error
-    from opforge.builder.package import try_import
+    from opforge.builder.package import has_module_init, try_import
 
-    ok, found = try_import(modules, where, namespaces)
+    ok, found = try_import(modules, where, namespaces, walk(root).sources, root)
     shown = ", ".join(str(w) for w in dict.fromkeys(where))
     if not ok:
         assert isinstance(found, str)
         why = undefined_symbol_error(name, found, left_out, root=root, macro=macro)
         libraries = ", ".join(str(lib) for _, lib in modules)
         found += f"\n{why}" if why is not None else ""
-        err.print(f"opforge build: built {libraries}, but `import {name}` fails (in {shown}):\n{found}", highlight=False, markup=False)
+        bare = [lib.name for m, lib in modules if not has_module_init(lib, m)]
+        if bare and "module export function" in found:
+            found += (
+                f"\n{', '.join(bare)} defines no PyInit_ function: it holds TORCH_LIBRARY operators, not a Python module, "
+                "and loads with torch.ops.load_library(path) (which worked here, before the import); load it that way, "
+                "or make it a module too with an empty PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
+            )
+        sep = "\n" if "\n" in found else " "  # a traceback below, a one-line reason after
+        err.print(f"opforge build: built {libraries}, but `import {name}` fails (in {shown}):{sep}{found}", highlight=False, markup=False)
         return 1
     assert isinstance(found, dict)
     ops, names = found["ops"], {m: n for m, n in found["names"].items() if n}
@@ -271,6 +281,20 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
     return _imports(", ".join(ext.name for ext in found.extensions), modules, where, namespaces, left_out, root)
 
 
+def verify_library(so: Path, folder: Path) -> None:
+    """A library built from ``folder`` by a route of its own (setuptools, CMake)
+    loaded in a new process first (``opforge.builder.child.verify_load``): a
+    registration error, or a loader error, is a BuildError in one line."""
+    from opforge.builder import BuildError
+    from opforge.builder.child import verify_load
+    from opforge.builder.discover import walk
+
+    tree = walk(folder)
+    failure = verify_load(so, sources=tree.sources, root=tree.root)
+    if failure is not None:
+        raise BuildError(f"opforge build: {folder.name}: built {so}, but {failure}")
+
+
 def _registered_nothing(folder: Path, so: Path) -> int:
     err.print(
         f"opforge build: {folder.name}: built and loaded {so}, but it registers no operator (no TORCH_LIBRARY, "
@@ -293,6 +317,12 @@ def _build_cmake(folder: Path) -> int:
         usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     try:
         libs = build_cmake(folder, say=lambda line: err.print(line, highlight=False))
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
+    try:
+        for so in libs:
+            verify_library(so, folder)
     except BuildError as exc:
         err.print(str(exc), highlight=False, markup=False)
         return 1
