@@ -207,3 +207,161 @@ def test_a_folder_that_is_a_link_loop_or_a_dangling_link_is_a_usage_error(tmp_pa
         main(["build", str(folder)])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+# --------------------------------------------------------------- what runs: --dry-run runs none of the folder's code
+
+_MARKING_SETUP_PY = """\
+import pathlib
+pathlib.Path({marker!r}).write_text("setup.py ran")
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+setup(name="marked", ext_modules=[CppExtension("marked._C", ["csrc/op.cpp"], extra_compile_args=["-O2"])],
+      cmdclass={{"build_ext": BuildExtension}})
+pathlib.Path({marker!r}).write_text("after setup()")
+"""
+_MARKING_CMAKE = """\
+cmake_minimum_required(VERSION 3.18)
+project(marked LANGUAGES CXX)
+execute_process(COMMAND {python} -c "import pathlib; pathlib.Path('{marker}').write_text('cmake ran')")
+"""
+
+
+def test_dry_run_of_a_setup_py_prints_the_plan_and_runs_none_of_its_code(tmp_path, monkeypatch, capsys):
+    from opforge.cli import main
+
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    marker = tmp_path / "MARKER"
+    folder = write(
+        tmp_path / "marked",
+        {
+            "setup.py": _MARKING_SETUP_PY.format(marker=str(marker)),
+            "csrc/op.cpp": _LIB + "TORCH_LIBRARY(marked, m) {}\n",
+            "marked/__init__.py": f"import pathlib\npathlib.Path({str(marker)!r}).write_text('__init__ ran')\nfrom . import _C\n",
+        },
+    )
+    assert main(["build", str(folder), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert not marker.exists(), marker.read_text()
+    assert "  route: setup.py (" in out and "  plan (--dry-run: nothing is compiled, and no code of marked runs):" in out
+    assert "      marked._C (CppExtension), line 5\n        sources: csrc/op.cpp\n        extra_compile_args: ['-O2']\n" in out
+    assert "  a build runs code of this folder: setup.py's top-level code" in out
+    assert not list(folder.glob("marked/_C*")) and not list((tmp_path / "cache").glob("marked*")), "nothing built"
+
+
+def test_dry_run_of_a_cmake_folder_does_not_configure_it(tmp_path, monkeypatch, capsys):
+    from opforge.cli import main
+
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    marker = tmp_path / "MARKER"
+    folder = write(
+        tmp_path / "cm",
+        {"CMakeLists.txt": _MARKING_CMAKE.format(python=sys.executable, marker=marker), "op.cpp": _LIB + "TORCH_LIBRARY(cm, m) {}\n"},
+    )
+    assert main(["build", str(folder), "--route", "cmake", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert not marker.exists() and not list((tmp_path / "cache").glob("cmake-*"))
+    assert f"    cmake -S {folder} -B <cache>/cmake-cm-<hash>, then cmake --build; each .so it makes is loaded" in out
+    assert "  a build runs code of this folder: CMakeLists.txt, configured and built by cmake (execute_process" in out
+
+
+def test_dry_run_of_torch_library_sources_prints_sources_flags_and_the_cache_entry_it_would_make(tmp_path, monkeypatch, capsys):
+    from opforge.builder import folder_config
+    from opforge.builder.user_pch import with_torch_pch
+    from opforge.cli import main
+
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    folder = write(tmp_path / "ops", {"my op.cpp": _LIB + "TORCH_LIBRARY(ops, m) {}\n", "include/ops.h": ""})
+    assert main(["build", str(folder), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    key = with_torch_pch(folder_config(folder))[0].key()[:16]
+    assert "    library: ops (1 source): my op.cpp\n" in out and "    cxx flags: -O3 -fopenmp" in out
+    assert f"    output: {tmp_path / 'cache' / f'ops-{key}' / 'ops.so'}\n" in out
+    assert not list((tmp_path / "cache").glob("ops-*")), "nothing built"
+
+
+def test_the_help_says_that_building_a_folder_runs_its_code(capsys):
+    from opforge.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert "Building a folder runs its code, as pip install would" in helptext
+    assert "--dry-run" in helptext and "no code of the folder runs" in helptext
+    assert "setup() is not run" not in helptext
+
+
+# --------------------------------------------------------------- build messages
+
+_CALLS_MISSING = "namespace mylib { int helper(int x); }\nint call_it() { return mylib::helper(3); }\n"
+
+
+@pytest.fixture(scope="module")
+def needs_missing(tmp_path_factory) -> tuple[Path, Path]:
+    """A shared library (plain C++, no torch headers: a fraction of a second to build)
+    that needs mylib::helper(int), which nothing defines; and its source."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("needs_missing")
+    source = folder / "caller.cpp"
+    source.write_text(_CALLS_MISSING)
+    so = folder / "needs_missing.so"
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    subprocess.run([cxx, "-shared", "-fPIC", "-o", str(so), str(source)], check=True, timeout=120)
+    return so, source
+
+
+def test_a_library_needing_a_missing_function_names_it_demangled_and_the_source_calling_it(needs_missing):
+    from opforge.builder.child import verify_load
+
+    so, source = needs_missing
+    said = verify_load(so, sources=[source], root=source.parent)
+    assert said is not None and "_ZN5mylib" not in said
+    assert "it needs `mylib::helper(int)` (an undefined symbol), which neither it nor a library it links defines" in said
+    assert "(called in caller.cpp)" in said
+
+
+def test_a_library_that_does_not_load_says_the_loaders_reason_not_only_could_not_load(needs_missing):
+    from opforge.builder import BuildError
+    from opforge.builder.prebuilt import load_library_file
+
+    so, _ = needs_missing
+    with pytest.raises(BuildError) as failed:
+        load_library_file(so)
+    said = str(failed.value)
+    assert "Could not load this library" not in said and "undefined symbol: _ZN5mylib6helperEi" in said, said
+    assert "needs `mylib::helper(int)`, which neither it nor a library it links defines" in said, said
+
+
+def test_a_source_whose_name_holds_a_space_compiles_through_a_file_of_a_plain_name(tmp_path):
+    from opforge.builder.jit import _unique_objects
+
+    spaced = write(tmp_path / "src dir", {"my op.cpp": "", "plain.cpp": "", "we$ird:name.cu": ""})
+    sources = [spaced / "my op.cpp", spaced / "plain.cpp", spaced / "we$ird:name.cu"]
+    objects = tmp_path / "objects"
+    objects.mkdir()
+    compiled = _unique_objects(sources, objects)
+    assert [p.name for p in compiled] == ["my_op.cpp", "plain.cpp", "we_ird_name.cu"]
+    assert compiled[1] == sources[1]
+    assert compiled[0].read_text().endswith(f'#include "{spaced / "my op.cpp"}"\n')
+
+
+@pytest.mark.slow
+def test_a_folder_with_my_op_cpp_builds_and_loads(tmp_path):
+    folder = write(tmp_path / "spaced", {"my op.cpp": _LIB + 'TORCH_LIBRARY(spaced, m) { m.def("f(Tensor x) -> Tensor"); }\n'})
+    res = run_build(folder, tmp_path / "cache", after="import torch; print('has f', hasattr(torch.ops.spaced, 'f'))")
+    assert res.returncode == 0 and "has f True" in res.stdout, res.stdout + res.stderr
+
+
+def test_a_relative_cache_dir_is_taken_from_where_the_command_started_and_made_absolute(tmp_path, monkeypatch):
+    from opforge.builder.store import cache_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", "rel/cache")
+    root = cache_root()
+    assert root == tmp_path / "rel" / "cache" and root.is_dir()
+    assert os.environ["OPFORGE_CACHE_DIR"] == str(tmp_path / "rel" / "cache"), "the processes it starts get the same cache"
+    monkeypatch.chdir(tmp_path / "rel")
+    assert cache_root() == tmp_path / "rel" / "cache"

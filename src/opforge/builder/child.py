@@ -77,7 +77,11 @@ if kind == "module":
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 else:
-    torch.ops.load_library(path)
+    try:
+        torch.ops.load_library(path)
+    except OSError as exc:
+        # torch says only "Could not load this library"; the loader's reason is the cause.
+        sys.exit(f"OSError: {exc.__cause__ or exc}")
 """
 
 
@@ -163,6 +167,17 @@ def load_failure(stderr: str, returncode: int, path: Path, sources: Sequence[Pat
         else:
             message = lines[-1] if lines else f"exit status {returncode}"
     message = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", message)
+    if m := re.search(r"undefined symbol: (\S+)", message):
+        from opforge.builder.inline import _demangle, referred_in
+
+        symbol = _demangle(m[1])
+        callers = referred_in(symbol, sources)
+        shown = ", ".join(c.relative_to(root).as_posix() if root is not None and c.is_relative_to(root) else str(c) for c in callers)
+        return (
+            f"loading {path.name} fails: it needs `{symbol}` (an undefined symbol), which neither it nor a library it links defines"
+            + (f" (called in {shown})" if shown else "")
+            + ": a function declared but never written, or a library missing from the link"
+        )
     text = "\n".join(lines)
     where = _source_of(text, path, sources, root, quoted)
     return f"loading {path.name} fails: {message}" + (f" ({where})" if where else "")

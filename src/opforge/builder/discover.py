@@ -404,7 +404,7 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     """What the folder at ``path`` holds and the route ``opforge build`` takes.
 
     A setup.py that makes a CppExtension or CUDAExtension says how its author
-    builds the code (names, macros, flags): its extensions are read from it and
+    builds the code (names, macros, flags): its extensions are read by running it and
     built in place (setup.py). Otherwise the sources decide where opforge can
     build them itself, the build files only where they cannot: a package
     importing ``_C`` is built in place (package); TORCH_LIBRARY code is loaded
@@ -450,7 +450,10 @@ def discover(path: str | os.PathLike[str]) -> Layout:
         why = "build.toml names a torch extension and its kernels (Hugging Face kernel-builder)"
     elif setup_py is not None:
         route = "setup.py"
-        why = "setup.py makes a CppExtension/CUDAExtension: each extension is read from it and built in place, as build_ext --inplace"
+        why = (
+            "setup.py makes a CppExtension/CUDAExtension: each extension is read by running it (setup() replaced) "
+            "and built in place, as build_ext --inplace"
+        )
     elif package is not None:
         route = "package"
         why = f"{package.name}/__init__.py imports _C: its library is built in place, as {tree.rel(package.target())}"

@@ -402,7 +402,7 @@ def _load(
         module, lib = load_module(cfg, quiet=quiet, verify=True)
     except (BuildError, OSError) as exc:
         # Without this, load_module blames the PYBIND11_MODULE name, or torch's loader names only the file.
-        explained = undefined_symbol_error(cfg.name, exc, left_out, root=root)
+        explained = undefined_symbol_error(cfg.name, exc, left_out, root=root, sources=cfg.sources)
         if explained is None:
             raise
         raise explained from exc
@@ -410,16 +410,25 @@ def _load(
 
 
 def undefined_symbol_error(
-    name: str, failure: BaseException | str, left_out: Sequence[Path], *, root: Path | None = None, macro: str = "OPFORGE_WITH_CUDA"
+    name: str,
+    failure: BaseException | str,
+    left_out: Sequence[Path],
+    *,
+    root: Path | None = None,
+    macro: str = "OPFORGE_WITH_CUDA",
+    sources: Sequence[Path] = (),
 ) -> BuildError | None:
     """A load of ``name``'s library that failed on an undefined symbol, as an
-    error that names the symbol and why it is missing: the source among
+    error that names the symbol (demangled) and why it is missing: the source among
     ``left_out`` (the CUDA sources this machine did not build) that defines
-    it, or none of the sources; None when ``failure`` is about something else.
+    it, or none of the sources; and which of ``sources`` calls it. None when
+    ``failure`` is about something else.
     ``macro``: what the build defines only with CUDA, for a CPU path ("" for none)."""
     symbol = _undefined_symbol(failure)
     if symbol is None:
         return None
+    callers = [s for s in referred_in(symbol, sources) if s not in left_out]
+    called = f" (called in {', '.join(_shown(p, root) for p in callers)})" if callers else ""
     if left_out:
 
         def shown(p: Path) -> str:
@@ -434,7 +443,29 @@ def undefined_symbol_error(
             "none of the sources defines it: a function declared but never written (a name in functions=, a CUDA launcher "
             "declared in cpp= with no cuda= source), or a library missing from the link"
         )
-    return BuildError(f"opforge: {name}: the built library needs `{symbol}`, but {why}")
+    return BuildError(f"opforge: {name}: the built library needs `{symbol}`{called}, but {why}")
+
+
+def _shown(p: Path, root: Path | None) -> str:
+    return p.relative_to(root).as_posix() if root is not None and p.is_relative_to(root) else str(p)
+
+
+def referred_in(symbol: str, sources: Sequence[Path]) -> list[Path]:
+    """The ``sources`` whose code names the function ``symbol`` (demangled, or the
+    last part of a mangled name) without defining it: where a missing symbol is asked for."""
+    base = _base_name(symbol)
+    if base is None:
+        return []
+    named = re.compile(rf"\b{re.escape(base)}\b")
+    found = []
+    for source in sources:
+        try:
+            code = strip_comments(source.read_text(errors="replace"))
+        except OSError:
+            continue
+        if named.search(code) and _defined_in(symbol, [source]) is None:
+            found.append(source)
+    return found
 
 
 def _undefined_symbol(failure: BaseException | str) -> str | None:
@@ -454,16 +485,8 @@ def _undefined_symbol(failure: BaseException | str) -> str | None:
 def _defined_in(symbol: str, sources: Sequence[Path]) -> Path | None:
     """The first of ``sources`` whose code defines the function ``symbol`` (demangled, or
     its mangled name's last part) names: ``name(...) {``, templates and qualifiers aside."""
-    if symbol.startswith("_Z"):  # c++filt was not there: the length-prefixed names, the last one
-        parts, rest = [], symbol[2:].lstrip("N")
-        while (m := re.match(r"(\d+)", rest)) and len(rest) > len(m[1]):
-            n = int(m[1])
-            parts.append(rest[len(m[1]) : len(m[1]) + n])
-            rest = rest[len(m[1]) + n :]
-        base = parts[-1] if parts else ""
-    else:
-        base = re.sub(r"<.*>", "", symbol.split("(", 1)[0]).rsplit("::", 1)[-1].strip()
-    if not _IDENTIFIER.fullmatch(base or "-"):
+    base = _base_name(symbol)
+    if base is None:
         return None
     definition = re.compile(rf"\b{re.escape(base)}\s*(?:<[^;{{}}]*>)?\s*\([^;{{}}]*\)\s*(?:const\s*)?(?:noexcept\s*)?\{{")
     for source in sources:
@@ -473,6 +496,21 @@ def _defined_in(symbol: str, sources: Sequence[Path]) -> Path | None:
         except OSError:
             continue
     return None
+
+
+def _base_name(symbol: str) -> str | None:
+    """A function's own name in ``symbol``: demangled (``ns::f<int>(float)``), or
+    mangled when c++filt was not there (the length-prefixed names, the last one)."""
+    if symbol.startswith("_Z"):
+        parts, rest = [], symbol[2:].lstrip("N")
+        while (m := re.match(r"(\d+)", rest)) and len(rest) > len(m[1]):
+            n = int(m[1])
+            parts.append(rest[len(m[1]) : len(m[1]) + n])
+            rest = rest[len(m[1]) + n :]
+        base = parts[-1] if parts else ""
+    else:
+        base = re.sub(r"<.*>", "", symbol.split("(", 1)[0]).rsplit("::", 1)[-1].strip()
+    return base if _IDENTIFIER.fullmatch(base or "-") else None
 
 
 def _demangle(symbol: str) -> str:

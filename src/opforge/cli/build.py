@@ -15,7 +15,10 @@ from opforge.cli.targets import library, resolve_targets
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    dry_run = getattr(args, "dry_run", False)
     if args.path is None:
+        if dry_run:
+            usage_error("opforge build: --dry-run needs the folder to plan (opforge build PATH --dry-run)")
         return print_library()
     from opforge.project import ProjectError, find_project
 
@@ -23,9 +26,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         project = find_project(args.path) if args.path.is_dir() else None
     except ProjectError as exc:
         raise SystemExit(f"opforge build: {exc}") from None
+    if project is not None and dry_run:
+        return build_folder(project.sources, "jit" if args.route == "auto" else args.route, dry_run=True)
     if project is not None:  # a package of opforge new's: its import builds (JIT) and loads it
         return build_project(args.path) if args.route in ("auto", "jit") else build_folder(project.sources, args.route)
-    return build_folder(args.path, args.route, all_archs=args.all_archs)
+    return build_folder(args.path, args.route, all_archs=args.all_archs, dry_run=dry_run)
 
 
 def build_project(path: Path) -> int:
@@ -47,14 +52,18 @@ def print_library(*, wait_fast: bool = True) -> int:
     return 0
 
 
-def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) -> int:
+def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dry_run: bool = False) -> int:
     """A user's folder of sources, in whatever layout (opforge.builder.discover):
     what was found is printed, then it is built by the route it calls for, or
     by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
     files handed to opforge.builder.inline as strings), setuptools (build_ext, as
     pip install would). A package importing _C: package (built in place). A
     pybind11 module: pybind. Its own CMakeLists.txt: cmake. ``all_archs``: a
-    setup.py's every CUDA arch, not only this machine's GPUs' (``cuda_targets``)."""
+    setup.py's every CUDA arch, not only this machine's GPUs' (``cuda_targets``).
+    ``dry_run``: what was found and the plan (opforge.builder.plan), then
+    stop; nothing compiles and no code of the folder runs. Otherwise the
+    folder's code runs, as pip would run it (setup.py, an __init__.py, CMake,
+    static initializers)."""
     import torch
 
     from opforge import load_library as load_library_file
@@ -62,6 +71,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
     from opforge.builder.archs import all_archs_asked
     from opforge.builder.describe import cuda_unavailable, describe
     from opforge.builder.discover import DiscoveryError, discover
+    from opforge.builder.errors import load_reason
     from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library, undefined_symbol_error
     from opforge.builder.registrations import registers_nothing
     from opforge.builder.user_pch import with_torch_pch
@@ -71,7 +81,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
     except DiscoveryError as exc:
         usage_error(f"opforge build: {exc}")
     route = layout.route if route == "auto" else route
-    if route == "kernel-builder":
+    if route == "kernel-builder" and not dry_run:
         return _build_kernel_builder(layout.root)
     if route == "package" and layout.package is None:
         usage_error(f"opforge build: {path}: --route package, but no package here imports a compiled _C (`from . import _C`)")
@@ -86,6 +96,12 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
         return 1
     for line in describe(layout, route=route, cuda_reason=reason, cuda_archs=archs):
         out.print(line, highlight=False, markup=False)
+    if dry_run:
+        from opforge.builder.plan import plan_lines
+
+        for line in plan_lines(layout, route, setup_py=setup_py):
+            out.print(line, highlight=False, markup=False)
+        return 0
     folder = layout.root
     if route in ("jit", "inline", "setuptools") and (why := pybind_instead_of_torch_library(folder)):
         # Refused before compiling: the build would succeed and leave torch.ops without a single operator.
@@ -99,8 +115,8 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
                 lib = load_library(cfg, verify=True)
             except OSError as exc:  # built, but it does not load: an undefined symbol is explained
                 left_out = () if cfg.with_cuda else layout.tree.cuda
-                raise undefined_symbol_error(cfg.name, exc, left_out, root=folder) or BuildError(
-                    f"opforge: {cfg.name}: built, but loading it failed: {exc}"
+                raise undefined_symbol_error(cfg.name, exc, left_out, root=folder, sources=cfg.sources) or BuildError(
+                    f"opforge: {cfg.name}: built, but loading it failed: {load_reason(exc)}"
                 ) from None
             if registers_nothing(lib.path, ops_before):
                 return _registered_nothing(folder, lib.path)
@@ -196,7 +212,7 @@ def _imports(
     shown = ", ".join(str(w) for w in dict.fromkeys(where))
     if not ok:
         assert isinstance(found, str)
-        why = undefined_symbol_error(name, found, left_out, root=root, macro=macro)
+        why = undefined_symbol_error(name, found, left_out, root=root, macro=macro, sources=walk(root).sources)
         libraries = ", ".join(str(lib) for _, lib in modules)
         found += f"\n{why}" if why is not None else ""
         bare = [lib.name for m, lib in modules if not has_module_init(lib, m)]
@@ -244,7 +260,9 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
         err.print(f"opforge build: {exc}{also}", highlight=False, markup=False)
         return 1
     n = len(found.extensions)
-    out.print(f"  setup.py: {n} extension{'s' if n != 1 else ''}, read in {found.seconds:.1f} s (setup() not run):", highlight=False)
+    out.print(
+        f"  setup.py: {n} extension{'s' if n != 1 else ''}, read in {found.seconds:.1f} s (its code ran; setup() did not):", highlight=False
+    )
     cuda = want_cuda()
     for ext in found.extensions:
         for line in ext.summary(root):
