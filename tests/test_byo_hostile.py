@@ -365,3 +365,60 @@ def test_a_relative_cache_dir_is_taken_from_where_the_command_started_and_made_a
     assert os.environ["OPFORGE_CACHE_DIR"] == str(tmp_path / "rel" / "cache"), "the processes it starts get the same cache"
     monkeypatch.chdir(tmp_path / "rel")
     assert cache_root() == tmp_path / "rel" / "cache"
+
+
+def test_discovery_and_opforge_abi_run_none_of_the_folders_code(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from opforge.builder.describe import describe
+    from opforge.builder.discover import discover
+    from opforge.cli import main
+
+    marker = tmp_path / "MARKER"
+    folder = write(
+        tmp_path / "marked",
+        {
+            "setup.py": _MARKING_SETUP_PY.format(marker=str(marker)),
+            "csrc/op.cpp": _LIB + "TORCH_LIBRARY(marked, m) {}\n",
+            # A static initializer that leaves a mark when the library loads.
+            "init.cpp": f'#include <fstream>\nstatic int mark = (std::ofstream("{marker}") << "loaded", 0);\n',
+        },
+    )
+    layout = discover(folder)
+    describe(layout, route=layout.route, cuda_reason=None)
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    so = tmp_path / "marked.so"
+    subprocess.run([cxx, "-shared", "-fPIC", "-o", str(so), str(folder / "init.cpp")], check=True, timeout=120)
+    main(["abi", str(so)])
+    capsys.readouterr()
+    assert not marker.exists(), marker.read_text()
+
+
+def test_a_library_without_a_module_init_is_told_from_a_module(needs_missing, tmp_path):
+    from opforge.builder.package import has_module_init
+
+    so, _ = needs_missing
+    assert not has_module_init(so, "pkg.needs_missing")
+    assert has_module_init(Path(subprocess.__file__).with_name("lib-dynload") / "nothing.so", "x"), "unreadable: the import says"
+    import _ctypes
+
+    assert has_module_init(Path(_ctypes.__file__), "_ctypes")
+
+
+@pytest.mark.slow
+def test_a_cpp_extension_of_torch_library_code_is_loaded_as_an_op_library_and_an_init_importing_it_is_explained(tmp_path):
+    setup = (
+        "from setuptools import setup\nfrom torch.utils.cpp_extension import BuildExtension, CppExtension\n"
+        "setup(name='tl', packages=['tl'], ext_modules=[CppExtension('tl._C', ['op.cpp'])], cmdclass={'build_ext': BuildExtension})\n"
+    )
+    op = _LIB + 'TORCH_LIBRARY(tl, m) { m.def("f(Tensor x) -> Tensor"); }\n'
+    folder = write(tmp_path / "tl", {"setup.py": setup, "op.cpp": op, "tl/__init__.py": "import torch\n"})
+    res = run_build(folder, tmp_path / "cache")
+    assert res.returncode == 0 and "`import tl._C` works" in res.stdout and "operators tl::f" in res.stdout, res.stdout + res.stderr
+    (folder / "tl" / "__init__.py").write_text("from . import _C\n")
+    res = run_build(folder, tmp_path / "cache")
+    said = " ".join(res.stderr.split())
+    assert res.returncode == 1 and "defines no PyInit_ function: it holds TORCH_LIBRARY operators, not a Python module" in said, said
+    assert "loads with torch.ops.load_library(path)" in said

@@ -447,7 +447,8 @@ def undefined_symbol_error(
 
 
 def _shown(p: Path, root: Path | None) -> str:
-    return p.relative_to(root).as_posix() if root is not None and p.is_relative_to(root) else str(p)
+    # Without a root, the sources are inline's generated files: their names say which string (cpp=, cuda=).
+    return p.relative_to(root).as_posix() if root is not None and p.is_relative_to(root) else p.name
 
 
 def referred_in(symbol: str, sources: Sequence[Path]) -> list[Path]:
