@@ -208,11 +208,12 @@ def _imports(
     from opforge.builder.inline import undefined_symbol_error
     from opforge.builder.package import has_module_init, try_import
 
-    ok, found = try_import(modules, where, namespaces, walk(root).sources, root)
+    sources = walk(root).sources
+    ok, found = try_import(modules, where, namespaces, sources, root)
     shown = ", ".join(str(w) for w in dict.fromkeys(where))
     if not ok:
         assert isinstance(found, str)
-        why = undefined_symbol_error(name, found, left_out, root=root, macro=macro, sources=walk(root).sources)
+        why = undefined_symbol_error(name, found, left_out, root=root, macro=macro, sources=sources)
         libraries = ", ".join(str(lib) for _, lib in modules)
         found += f"\n{why}" if why is not None else ""
         bare = [lib.name for m, lib in modules if not has_module_init(lib, m)]
@@ -260,9 +261,8 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
         err.print(f"opforge build: {exc}{also}", highlight=False, markup=False)
         return 1
     n = len(found.extensions)
-    out.print(
-        f"  setup.py: {n} extension{'s' if n != 1 else ''}, read in {found.seconds:.1f} s (its code ran; setup() did not):", highlight=False
-    )
+    read = f"read in {found.seconds:.1f} s (its code ran, setup() replaced: nothing built by it)"
+    out.print(f"  setup.py: {n} extension{'s' if n != 1 else ''}, {read}:", highlight=False)
     cuda = want_cuda()
     for ext in found.extensions:
         for line in ext.summary(root):
