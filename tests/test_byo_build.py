@@ -251,8 +251,8 @@ _EXPECTED = {
         "  sources: 2 (1 C++, 1 CUDA): muladd_pkg/csrc/cuda/muladd.cu, muladd_pkg/csrc/muladd.cpp",
         "  include: .",
         "  binding: TORCH_LIBRARY muladd_pkg (kernels: CPU, CUDA); PyInit__C",
-        "  route: setup.py (setup.py makes a CppExtension/CUDAExtension: each extension is read from it and built in place, "
-        "as build_ext --inplace)",
+        "  route: setup.py (setup.py makes a CppExtension/CUDAExtension: each extension is read by running it (setup() "
+        "replaced) and built in place, as build_ext --inplace)",
         "  also here: a package importing _C, muladd_pkg (--route package)",
         f"  CUDA: no ({NO_CUDA})",
         f"  left out: muladd_pkg/csrc/cuda/muladd.cu ({NO_CUDA})",
@@ -319,7 +319,7 @@ def test_a_package_whose_C_declares_a_module_of_another_name_is_refused_before_c
     assert "Write PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)" in err and not (project / "pkg" / f"_C{extension_suffix()}").exists()
 
 
-# --------------------------------------------------------------- setup.py, read (not run, nothing compiled)
+# --------------------------------------------------------------- setup.py, read (run with setup() replaced, nothing compiled)
 
 
 def test_a_setup_py_is_read_for_its_extensions_without_building_anything(tmp_path):
@@ -558,7 +558,7 @@ def test_a_package_importing_C_with_a_setup_py_is_built_in_place_and_its_own_tes
     assert res.returncode == 0, res.stdout + res.stderr
     target = project / "muladd_pkg" / f"_C{extension_suffix()}"
     assert target.is_file()
-    # Its setup.py says how: read, not run, and what it declares built by opforge's engine.
+    # Its setup.py says how: run with setup() replaced, and what it declares built by opforge's engine.
     assert (
         "  setup.py: 1 extension, read in " in res.stdout
         and f"  muladd_pkg._C ({'CUDAExtension' if cuda else 'CppExtension'}" in res.stdout
@@ -605,7 +605,7 @@ def test_a_setup_py_project_builds_with_what_its_setup_py_declares_and_its_own_t
     assert f"    precompiled header: {pch}" in said
     assert f"tinyop._ext: {target} (built in " in res.stdout and (project / target).is_file()
     assert f"`import tinyop._ext` works (from {project / 'src'}, no install step): operators tinyop::axpy3" in res.stdout
-    assert not (project / "build").exists() and not list(project.glob("*.egg-info")), "setup.py was read, not run"
+    assert not (project / "build").exists() and not list(project.glob("*.egg-info")), "setup.py's setup() did not run"
     # Its own tests, as its author runs them (pytest's pythonpath = src), with no pip step in between.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test"]

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from opforge.builder.binding import read_binding
 from opforge.builder.describe import describe
-from opforge.builder.discover import DiscoveryError, discover, extension_suffix, read_binding, walk
+from opforge.builder.discover import DiscoveryError, discover, extension_suffix, walk
 
 from .test_byo_build import FIXTURES, SRC, built_seconds, copy_fixture, run_build, write
 
@@ -314,7 +315,8 @@ def test_a_tutorial_with_tensorflow_beside_pytorch_builds_without_it_and_a_missi
     err = " ".join(res.stderr.split())
     reason = "this torch is a CPU build (torch.version.cuda is None)" if torch.version.cuda is None else "OPFORGE_BUILD_CUDA=0"
     assert (
-        "opforge: foreign_framework: the built library needs `launch_add2(float*, float const*, float const*, int)`, but "
+        "opforge: foreign_framework: the built library needs `launch_add2(float*, float const*, float const*, int)` "
+        "(called in pytorch/add2_ops.cpp), but "
         f"kernel/add2_kernel.cu defines it, and it was left out because {reason}. Build it where CUDA is available, or compile "
         "the C++ that calls it only under #ifdef OPFORGE_WITH_CUDA"
     ) in err, err

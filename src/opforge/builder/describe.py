@@ -69,6 +69,9 @@ def describe(layout: Layout, *, route: str, cuda_reason: str | None, cuda_archs:
     if tree.foreign:
         shown = _listed([foreign_name(tree, f) for f in tree.foreign], most=4)
         lines.append(f"  left out, not PyTorch code: {shown}")
+    if tree.unusable:
+        shown = _listed([f"{tree.rel(p)} ({why})" for p, why in tree.unusable])
+        lines.append(f"  left out, cannot be used: {shown}")
     if tree.skipped:
         lines.append(f"  skipped: {_listed([skipped_name(tree, s) for s in tree.skipped])}")
     return lines

@@ -16,11 +16,13 @@ The package route's build is ``opforge.builder.package``'s.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from opforge.builder.binding import Binding, PybindModule, pybind_modules, read_binding, strip_comments
 from opforge.builder.foreign import Foreign, find_foreign
 from opforge.builder.package_init import Package, extension_suffix, imports_c
 
@@ -38,19 +40,6 @@ SKIPPED_NAMES = {"build": "build output", "dist": "build output", "_skbuild": "b
 VENDORED_NAMES = ("third_party", "thirdparty", "3rdparty", "external", "extern", "vendor")
 VENDORED = "vendored"
 
-# String and character literals are matched so that a "//" inside one is not taken for a comment.
-_COMMENT_OR_LITERAL = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
-# PYBIND11_MODULE(name, m) and pybind11 >= 2.10's PYBIND11_MODULE(name, m, options...).
-_PYBIND11_MODULE = re.compile(r"\bPYBIND11_MODULE\s*\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*[,)]")
-# TORCH_LIBRARY(ns, m), TORCH_LIBRARY_FRAGMENT(ns, m), TORCH_LIBRARY_IMPL(ns, Key, m) and their STABLE_ forms.
-_TORCH_LIBRARY = re.compile(
-    r"\b(?:STABLE_)?TORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\(\s*(?P<ns>[A-Za-z_]\w*)\s*(?:,\s*(?P<key>[A-Za-z_]\w*)\s*)?,"
-)
-_PYINIT_C = re.compile(r"\bPyInit__C\b")
-# The registration API before TORCH_LIBRARY: torch::RegisterOperators("ns::op(...) -> ...", &fn), its .op(...)
-# chains and c10::RegisterOperators::options().schema("ns::op"); a statement runs to its ";".
-_REGISTER_OPERATORS = re.compile(r"\bRegisterOperators\b[^;]*", re.S)
-_QUALIFIED_OP = re.compile(r'"\s*([A-Za-z_]\w*)::([A-Za-z_]\w*)')
 _SETUP_EXTENSION = re.compile(r"\b(?:CppExtension|CUDAExtension)\b")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # [torch], [torch.<key>] or [kernel.<name>] at the start of a line: a kernel-builder build.toml.
@@ -92,6 +81,9 @@ class Tree:
     vendored_include: tuple[Path, ...] = ()  # include/ folders inside vendored folders, sorted
     # Another framework's code (a tensorflow/ folder beside pytorch/): left out, said by describe.
     foreign: tuple[Foreign, ...] = ()
+    # Sources, headers and folders that cannot be built or read (a dangling symbolic link, a link loop, a
+    # name that is not UTF-8), each with why: left out, and said by describe.
+    unusable: tuple[tuple[Path, str], ...] = ()
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -113,7 +105,31 @@ class Tree:
         return sorted(p for d in self.header_dirs for p in d.iterdir() if p.suffix in HEADER_SUFFIXES and p.is_file())
 
     def rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix() if path != self.root else "."
+        return shown_path(path.relative_to(self.root).as_posix()) if path != self.root else "."
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as text that prints anywhere: the bytes of a name that is not UTF-8 as \\x escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def unusable_reason(path: Path) -> str | None:
+    """Why ``path`` (a file or folder found by a walk) cannot be built from, or None:
+    a name that is not UTF-8 (the compiler's command line and the cache key need text),
+    a symbolic link to nothing or a loop of links."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "its name is not UTF-8: rename it"
+    if not path.is_symlink():
+        return None
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a loop of symbolic links"
+        return f"a symbolic link to {shown_path(os.readlink(path))}, which is not there"
+    return None
 
 
 def walk(root: Path) -> Tree:
@@ -131,10 +147,14 @@ def walk(root: Path) -> Tree:
     include_named: list[Path] = []
     skipped: list[Path] = []
     vendored_include: list[Path] = []
+    unusable: list[tuple[Path, str]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         kept = []
         for d in sorted(dirnames):
+            if (bad := unusable_reason(here / d)) is not None:
+                unusable.append((here / d, bad))
+                continue
             why = skip_reason(here / d)
             if why is None:
                 kept.append(d)
@@ -145,7 +165,12 @@ def walk(root: Path) -> Tree:
         dirnames[:] = kept  # os.walk descends into what is left
         if here.name == "include" and here != root:
             include_named.append(here)
-        names = sorted(filenames)
+        names = []
+        for f in sorted(filenames):
+            if Path(f).suffix in (*SOURCE_SUFFIXES, *HEADER_SUFFIXES) and (bad := unusable_reason(here / f)) is not None:
+                unusable.append((here / f, bad))
+            else:
+                names.append(f)
         sources += [here / f for f in names if Path(f).suffix in SOURCE_SUFFIXES]
         if any(Path(f).suffix in HEADER_SUFFIXES for f in names):
             header_dirs.append(here)
@@ -168,6 +193,7 @@ def walk(root: Path) -> Tree:
         skipped=tuple(sorted(skipped, key=by_rel)),
         vendored_include=tuple(sorted(set(vendored_include), key=by_rel)),
         foreign=tuple(foreign),
+        unusable=tuple(sorted(unusable, key=lambda u: by_rel(u[0]))),
     )
 
 
@@ -195,124 +221,10 @@ def headers_under(folders: Iterable[Path]) -> list[Path]:
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames[:] = [d for d in dirnames if skip_reason(Path(dirpath) / d) is None]
             found.update(Path(dirpath) / f for f in filenames if Path(f).suffix in HEADER_SUFFIXES)
-    return sorted(p for p in found if p.is_file())
+    return sorted(p for p in found if p.is_file() and unusable_reason(p) is None)
 
 
 # --------------------------------------------------------------- the binding
-
-
-def strip_comments(text: str) -> str:
-    """``text`` without C/C++ comments, line numbers kept."""
-
-    def blank(m: re.Match[str]) -> str:
-        s = m.group(0)
-        return s if s[0] in "\"'" else "\n" * s.count("\n") or " "
-
-    return _COMMENT_OR_LITERAL.sub(blank, text)
-
-
-def _code(text: str) -> str:
-    """``text`` without comments and with string and character literals emptied,
-    line numbers kept: a schema string or a message that names a macro is not one."""
-
-    def blank(m: re.Match[str]) -> str:
-        s = m.group(0)
-        return s[0] + " " * (len(s) - 2) + s[-1] if s[0] in "\"'" else "\n" * s.count("\n") or " "
-
-    return _COMMENT_OR_LITERAL.sub(blank, text)
-
-
-def pybind_modules(text: str) -> list[tuple[str, str, int]]:
-    """Each PYBIND11_MODULE in ``text``: (module name, variable, line)."""
-    code = strip_comments(text)
-    return [(m[1], m[2], code.count("\n", 0, m.start()) + 1) for m in _PYBIND11_MODULE.finditer(code)]
-
-
-@dataclasses.dataclass(frozen=True)
-class PybindModule:
-    file: Path
-    name: str
-    var: str
-    line: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Binding:
-    """How the sources reach torch or Python, as their text says."""
-
-    # Namespaces a TORCH_LIBRARY or TORCH_LIBRARY_FRAGMENT defines operators in.
-    namespaces: tuple[str, ...] = ()
-    # Per namespace, the dispatch keys of its TORCH_LIBRARY_IMPL blocks (CPU, CUDA, ...).
-    impls: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    pybind: tuple[PybindModule, ...] = ()
-    # A source defines PyInit__C itself: the library is importable as a module named _C.
-    pyinit_c: bool = False
-    # Per namespace, the operators registered with torch::RegisterOperators (the API before TORCH_LIBRARY).
-    registered: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-
-    @property
-    def torch_library(self) -> bool:
-        """Operators for torch.ops: TORCH_LIBRARY and its kin, or torch::RegisterOperators."""
-        return bool(self.namespaces or self.impls or self.registered)
-
-    def operator_namespaces(self, extension_name: str = "") -> list[str]:
-        """Every namespace the sources register operators in, TORCH_EXTENSION_NAME
-        as ``extension_name`` (what the build defines it as) where given."""
-        found = {*self.namespaces, *self.impls, *self.registered}
-        if extension_name and "TORCH_EXTENSION_NAME" in found:
-            found = (found - {"TORCH_EXTENSION_NAME"}) | {extension_name}
-        return sorted(found)
-
-    def summary(self, tree: Tree, extension_name: str = "") -> str:
-        parts = []
-        for ns in sorted({*self.namespaces, *self.impls}):
-            keys = self.impls.get(ns, ())
-            what = "TORCH_LIBRARY" if ns in self.namespaces else "TORCH_LIBRARY_IMPL"
-            notes = [f"kernels: {', '.join(keys)}"] if keys else []
-            if ns == "TORCH_EXTENSION_NAME" and extension_name:
-                ns, notes = extension_name, ["TORCH_EXTENSION_NAME, the library's name", *notes]
-            parts.append(f"{what} {ns}" + (f" ({'; '.join(notes)})" if notes else ""))
-        for ns, ops in self.registered.items():
-            parts.append(f"torch::RegisterOperators {ns} ({len(ops)} operator{'s' if len(ops) != 1 else ''})")
-        parts += [f"pybind11 module, PYBIND11_MODULE({p.name}, {p.var}) at {tree.rel(p.file)}:{p.line}" for p in self.pybind]
-        if self.pyinit_c:
-            parts.append("PyInit__C")
-        return "; ".join(parts) or "none found (no TORCH_LIBRARY, torch::RegisterOperators or PYBIND11_MODULE in the sources)"
-
-
-def read_binding(files: Iterable[Path]) -> Binding:
-    namespaces: set[str] = set()
-    impls: dict[str, set[str]] = {}
-    pybind: list[PybindModule] = []
-    pyinit = False
-    registered: dict[str, set[str]] = {}
-    for f in files:
-        text = f.read_text(errors="replace")
-        code = _code(text)
-        if "RegisterOperators" in code:
-            # The schema strings name the operators: read from the text with its literals, not its comments.
-            for statement in _REGISTER_OPERATORS.finditer(strip_comments(text)):
-                for ns, op in _QUALIFIED_OP.findall(statement[0]):
-                    registered.setdefault(ns, set()).add(op)
-        for m in _TORCH_LIBRARY.finditer(code):
-            if m["kind"] == "_IMPL":
-                if m["key"]:
-                    impls.setdefault(m["ns"], set()).add(m["key"])
-            else:
-                namespaces.add(m["ns"])
-        for m in _PYBIND11_MODULE.finditer(code):
-            pybind.append(PybindModule(f, m[1], m[2], code.count("\n", 0, m.start()) + 1))
-        pyinit = pyinit or bool(_PYINIT_C.search(code))
-    return Binding(
-        namespaces=tuple(sorted(namespaces)),
-        impls={ns: tuple(sorted(keys)) for ns, keys in sorted(impls.items())},
-        pybind=tuple(pybind),
-        pyinit_c=pyinit,
-        registered={ns: tuple(sorted(ops)) for ns, ops in sorted(registered.items())},
-    )
-
-
-# --------------------------------------------------------------- the package
 
 
 def find_packages(root: Path) -> list[Package]:
@@ -366,7 +278,7 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     """What the folder at ``path`` holds and the route ``opforge build`` takes.
 
     A setup.py that makes a CppExtension or CUDAExtension says how its author
-    builds the code (names, macros, flags): its extensions are read from it and
+    builds the code (names, macros, flags): its extensions are read by running it and
     built in place (setup.py). Otherwise the sources decide where opforge can
     build them itself, the build files only where they cannot: a package
     importing ``_C`` is built in place (package); TORCH_LIBRARY code is loaded
@@ -378,6 +290,8 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     no folder, holds nothing to build, or holds two packages that import
     ``_C`` and no setup.py that says how to build them."""
     given = Path(path)
+    if (bad := unusable_reason(given)) is not None:
+        raise DiscoveryError(f"{shown_path(given)} cannot be built: {bad}")
     root = given.resolve()
     if not root.exists():
         raise DiscoveryError(f"{given} is not a folder: nothing is there")
@@ -410,7 +324,10 @@ def discover(path: str | os.PathLike[str]) -> Layout:
         why = "build.toml names a torch extension and its kernels (Hugging Face kernel-builder)"
     elif setup_py is not None:
         route = "setup.py"
-        why = "setup.py makes a CppExtension/CUDAExtension: each extension is read from it and built in place, as build_ext --inplace"
+        why = (
+            "setup.py makes a CppExtension/CUDAExtension: each extension is read by running it (setup() replaced) "
+            "and built in place, as build_ext --inplace"
+        )
     elif package is not None:
         route = "package"
         why = f"{package.name}/__init__.py imports _C: its library is built in place, as {tree.rel(package.target())}"
@@ -483,8 +400,10 @@ __all__ = [
     "library_name",
     "pybind_modules",
     "read_binding",
+    "shown_path",
     "skip_reason",
     "skipped_name",
     "strip_comments",
+    "unusable_reason",
     "walk",
 ]

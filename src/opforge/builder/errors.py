@@ -11,6 +11,14 @@ class BuildError(RuntimeError):
     """A build of an op library failed; the message says where and why."""
 
 
+def load_reason(exc: BaseException) -> str:
+    """Why a library did not load, in the dynamic loader's words: torch's
+    ``load_library`` says only "Could not load this library: PATH" and keeps
+    the loader's own message (an undefined symbol, a missing libc10.so) as the cause."""
+    cause = exc.__cause__
+    return str(cause) if isinstance(cause, OSError) and str(cause) else str(exc)
+
+
 @dataclass(frozen=True)
 class Diagnostic:
     file: str

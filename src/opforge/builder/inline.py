@@ -15,8 +15,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
-import subprocess
 import sys
 import threading
 import types
@@ -26,10 +24,12 @@ from pathlib import Path
 import torch
 
 from opforge.builder.archs import cuda_archs, gencode_flags
-from opforge.builder.config import build_cuda_flag, env_cxxflags, want_cuda
-from opforge.builder.discover import pybind_modules, strip_comments, walk
+from opforge.builder.binding import pybind_modules, strip_comments
+from opforge.builder.config import env_cxxflags, want_cuda
+from opforge.builder.discover import walk
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig, Library, cache_root, load_library, load_module
+from opforge.builder.symbols import undefined_symbol_error
 from opforge.builder.user_pch import with_torch_pch
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "inline_config",
     "pybind_folder_config",
     "pybind_instead_of_torch_library",
-    "undefined_symbol_error",
 ]
 
 Functions = str | Sequence[str] | Mapping[str, str]
@@ -399,97 +398,12 @@ def _load(
     """load_module or load_library, with an undefined symbol explained."""
     try:
         if not cfg.python_module:
-            return None, load_library(cfg, quiet=quiet)
-        module, lib = load_module(cfg, quiet=quiet)
+            return None, load_library(cfg, quiet=quiet, verify=True)
+        module, lib = load_module(cfg, quiet=quiet, verify=True)
     except (BuildError, OSError) as exc:
         # Without this, load_module blames the PYBIND11_MODULE name, or torch's loader names only the file.
-        explained = undefined_symbol_error(cfg.name, exc, left_out, root=root)
+        explained = undefined_symbol_error(cfg.name, exc, left_out, root=root, sources=cfg.sources)
         if explained is None:
             raise
         raise explained from exc
     return module, lib
-
-
-def undefined_symbol_error(
-    name: str, failure: BaseException | str, left_out: Sequence[Path], *, root: Path | None = None, macro: str = "OPFORGE_WITH_CUDA"
-) -> BuildError | None:
-    """A load of ``name``'s library that failed on an undefined symbol, as an
-    error that names the symbol and why it is missing: the source among
-    ``left_out`` (the CUDA sources this machine did not build) that defines
-    it, or none of the sources; None when ``failure`` is about something else.
-    ``macro``: what the build defines only with CUDA, for a CPU path ("" for none)."""
-    symbol = _undefined_symbol(failure)
-    if symbol is None:
-        return None
-    if left_out:
-
-        def shown(p: Path) -> str:
-            return p.relative_to(root).as_posix() if root is not None and p.is_relative_to(root) else str(p)
-
-        definer = _defined_in(symbol, left_out)
-        what = f"{shown(definer)} defines it" if definer else f"the CUDA sources ({', '.join(shown(p) for p in left_out)}) would"
-        fix = f", or compile the C++ that calls it only under #ifdef {macro} (defined where the .cu files are built)" if macro else ""
-        why = f"{what}, and {'it was' if definer else 'they were'} left out because {_why_no_cuda()}. Build it where CUDA is available{fix}"
-    else:
-        why = (
-            "none of the sources defines it: a function declared but never written (a name in functions=, a CUDA launcher "
-            "declared in cpp= with no cuda= source), or a library missing from the link"
-        )
-    return BuildError(f"opforge: {name}: the built library needs `{symbol}`, but {why}")
-
-
-def _undefined_symbol(failure: BaseException | str) -> str | None:
-    """The symbol a failed load reports as undefined, demangled when c++filt is there."""
-    if isinstance(failure, str):
-        m = re.search(r"undefined symbol: (\S+)", failure)
-        return _demangle(m[1]) if m else None
-    seen: BaseException | None = failure
-    while seen is not None:
-        m = re.search(r"undefined symbol: (\S+)", str(seen))
-        if m:
-            return _demangle(m[1])
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _defined_in(symbol: str, sources: Sequence[Path]) -> Path | None:
-    """The first of ``sources`` whose code defines the function ``symbol`` (demangled, or
-    its mangled name's last part) names: ``name(...) {``, templates and qualifiers aside."""
-    if symbol.startswith("_Z"):  # c++filt was not there: the length-prefixed names, the last one
-        parts, rest = [], symbol[2:].lstrip("N")
-        while (m := re.match(r"(\d+)", rest)) and len(rest) > len(m[1]):
-            n = int(m[1])
-            parts.append(rest[len(m[1]) : len(m[1]) + n])
-            rest = rest[len(m[1]) + n :]
-        base = parts[-1] if parts else ""
-    else:
-        base = re.sub(r"<.*>", "", symbol.split("(", 1)[0]).rsplit("::", 1)[-1].strip()
-    if not _IDENTIFIER.fullmatch(base or "-"):
-        return None
-    definition = re.compile(rf"\b{re.escape(base)}\s*(?:<[^;{{}}]*>)?\s*\([^;{{}}]*\)\s*(?:const\s*)?(?:noexcept\s*)?\{{")
-    for source in sources:
-        try:
-            if definition.search(strip_comments(source.read_text(errors="replace"))):
-                return source
-        except OSError:
-            continue
-    return None
-
-
-def _demangle(symbol: str) -> str:
-    cxxfilt = shutil.which("c++filt")
-    if cxxfilt is None:
-        return symbol
-    try:
-        out = subprocess.run([cxxfilt, symbol], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return symbol
-    return out or symbol
-
-
-def _why_no_cuda() -> str:
-    if build_cuda_flag() is False:
-        return f"OPFORGE_BUILD_CUDA={os.environ['OPFORGE_BUILD_CUDA'].strip()}"
-    if torch.version.cuda is None:
-        return "this torch is a CPU build (torch.version.cuda is None)"
-    return "nvcc was not found (set CUDA_HOME)"

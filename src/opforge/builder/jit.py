@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -85,18 +86,41 @@ def module_name(cfg: BuildConfig) -> str:
     return cfg.extension_name or f"{cfg.name}_{cfg.objects_key()[:16]}"
 
 
-def load_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
-    """Builds ``cfg`` if needed, then loads it into torch.ops (TORCH_LIBRARY registrations run)."""
+def load_library(cfg: BuildConfig, *, quiet: bool = False, verify: bool = False) -> Library:
+    """Builds ``cfg`` if needed, then loads it into torch.ops (TORCH_LIBRARY registrations run).
+    ``verify``: a user's code, whose first load is tried in a new process first
+    (``verify_first_load``): a registration error is a BuildError, not the end of this one."""
     from opforge.builder.registrations import refuse_clashes
 
     lib = build_library(cfg, quiet=quiet)
     check_safe_to_load(lib.path)
+    if verify:  # first: what the library does alone, then what it would clash with here
+        verify_first_load(cfg, lib.path)
     refuse_clashes(lib.path)
     torch.ops.load_library(str(lib.path))
     return lib
 
 
-def load_module(cfg: BuildConfig, *, quiet: bool = False) -> tuple[types.ModuleType, Library]:
+def verify_first_load(cfg: BuildConfig, path: Path, *, module: str = "") -> None:
+    """Raises BuildError, in one line naming the source where torch says, when
+    ``path`` does not load in a new process (``opforge.builder.child.verify_load``;
+    a library that loaded there once is not tried again). An undefined symbol is
+    left to the caller's own load, whose error explains it."""
+    from opforge.builder.child import verify_load
+
+    failure = verify_load(path, module=module, sources=cfg.sources, root=_common_root(cfg.sources))
+    if failure is not None and "undefined symbol" not in failure:
+        raise BuildError(f"opforge: {cfg.name}: built, but {failure}")
+
+
+def _common_root(sources: tuple[Path, ...]) -> Path | None:
+    try:
+        return Path(os.path.commonpath([str(s.parent) for s in sources])) if sources else None
+    except ValueError:
+        return None
+
+
+def load_module(cfg: BuildConfig, *, quiet: bool = False, verify: bool = False) -> tuple[types.ModuleType, Library]:
     """Builds a pybind11 extension (``cfg.python_module``) if needed and imports it.
 
     The module is named by TORCH_EXTENSION_NAME, which the build sets to the
@@ -116,7 +140,9 @@ def load_module(cfg: BuildConfig, *, quiet: bool = False) -> tuple[types.ModuleT
         # own, as torch's load does with name_v1; a new process gets the
         # incrementally built one.
         renamed = dataclasses.replace(cfg, cflags=(*cfg.cflags, f"-DOPFORGE_IN_PROCESS_REBUILD={lib.key[:16]}"))
-        return load_module(renamed, quiet=quiet)
+        return load_module(renamed, quiet=quiet, verify=verify)
+    if verify:
+        verify_first_load(cfg, lib.path, module=name)
     spec = importlib.util.spec_from_file_location(name, lib.path)
     if spec is None or spec.loader is None:
         raise BuildError(f"opforge: cannot import {lib.path}")
@@ -205,30 +231,44 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
             _check_shared_libstdcxx(objects / f"{so_name}.so", tc.cxx.use)
             return seconds
         try:
-            cpp_extension.load(
-                name=so_name,
-                sources=[str(s) for s in sources],
-                extra_cflags=[*cfg.cflags, *_pch_flags(cfg, pch)],
-                extra_cuda_cflags=list(cfg.cuda_cflags),
-                extra_ldflags=list(cfg.ldflags),
-                extra_include_paths=[str(d) for d in cfg.include_dirs],
-                build_directory=str(objects),
-                with_cuda=cfg.with_cuda,
-                is_python_module=False,
-                verbose=False,
-            )
+            with _built_not_loaded(cpp_extension):
+                cpp_extension.load(
+                    name=so_name,
+                    sources=[str(s) for s in sources],
+                    extra_cflags=[*cfg.cflags, *_pch_flags(cfg, pch)],
+                    extra_cuda_cflags=list(cfg.cuda_cflags),
+                    extra_ldflags=list(cfg.ldflags),
+                    extra_include_paths=[str(d) for d in cfg.include_dirs],
+                    build_directory=str(objects),
+                    with_cuda=cfg.with_cuda,
+                    is_python_module=False,
+                    verbose=False,
+                )
         except RuntimeError as exc:
             progress.stop(ok=False)
             log = objects / "build.log"
             log.write_text(str(exc))
             raise explain_build_failure(cfg.name, str(exc), log) from None
-        except OSError:  # built, but torch's load of it failed (an undefined symbol): the caller's load says why
-            if not (objects / f"{so_name}.so").is_file():
-                raise
     seconds = time.perf_counter() - start
     progress.stop(ok=True, seconds=seconds)
     _check_shared_libstdcxx(objects / f"{so_name}.so", tc.cxx.use)
     return seconds
+
+
+@contextlib.contextmanager
+def _built_not_loaded(cpp_extension: types.ModuleType) -> Iterator[None]:
+    """torch's ``load`` builds, then loads what it built into this process:
+    the caller loads it, after its checks (a user's code in a new process
+    first), so the load is left out here."""
+    original = getattr(cpp_extension, "_import_module_from_library", None)
+    if original is None:
+        yield
+        return
+    cpp_extension._import_module_from_library = lambda module_name, path, is_python_module: os.path.join(path, f"{module_name}.so")
+    try:
+        yield
+    finally:
+        cpp_extension._import_module_from_library = original
 
 
 def _compiled_sources(cfg: BuildConfig, objects: Path, pch: Pch | None = None) -> list[Path]:
@@ -255,33 +295,44 @@ def _object_name(source: Path) -> str:
     return source.stem + (".cuda.o" if source.suffix in CUDA_SUFFIXES else ".o")
 
 
+# An object file name that ninja's link line and the shell take as one word: torch's ninja file
+# writes the objects of the link unescaped, so "my op.o" is two inputs, "my" and "op.o".
+_PLAIN_OBJECT = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
 def _unique_objects(sources: list[Path], objects: Path) -> list[Path]:
-    """``sources`` with each one whose object name another shares replaced by a
-    generated file named by its path relative to the sources' common folder
-    (``a__kernel.cu``), which includes it: its own object, and compiler errors
-    still name the real file and line (the include is by absolute path, so the
-    file's own quoted includes resolve beside it as before)."""
+    """``sources`` with each one whose object name another shares, or whose
+    name holds a space or another character the build file would split at
+    (``my op.cpp``), replaced by a generated file named by its path relative
+    to the sources' common folder (``a__kernel.cu``; ``my_op.cpp``), which
+    includes it: its own object, and compiler errors still name the real file
+    and line (the include is by absolute path, so the file's own quoted
+    includes resolve beside it as before)."""
     names = [_object_name(s) for s in sources]
     shared = {n for n in names if names.count(n) > 1}
-    if not shared:
+    unplain = {n for n in names if not _PLAIN_OBJECT.fullmatch(n)}
+    if not shared and not unplain:
         return sources
     clashing = [s for s, n in zip(sources, names, strict=True) if n in shared]
-    base = Path(os.path.commonpath([str(s.parent) for s in clashing]))
-    taken = {n for n in names if n not in shared}
+    base = Path(os.path.commonpath([str(s.parent) for s in clashing])) if clashing else None
+    taken = {n for n in names if n not in shared and n not in unplain}
     by_path = objects / "by_path"
     by_path.mkdir(mode=0o700, exist_ok=True)
     out = []
     for s, n in zip(sources, names, strict=True):
-        if n not in shared:
+        if n not in shared and n not in unplain:
             out.append(s)
             continue
-        stem = "__".join(s.relative_to(base).with_suffix("").parts)
+        stem = "__".join(s.relative_to(base).with_suffix("").parts) if base is not None and n in shared else s.stem
+        stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", stem)
         wrapper = by_path / f"{stem}{s.suffix}"
         i = 1
         while _object_name(wrapper) in taken:  # a source already called a__kernel.cu
             i += 1
             wrapper = by_path / f"{stem}_{i}{s.suffix}"
         taken.add(_object_name(wrapper))
+        if '"' in str(s) or "\n" in str(s):  # an #include "..." cannot name it
+            raise BuildError(f"opforge: cannot compile {str(s)!r}: its path holds a double quote or a line break; rename it")
         _write_if_changed(wrapper, f'// Generated by opforge: {s.name} under a name of its own, for its object file.\n#include "{s}"\n')
         out.append(wrapper)
     return out

@@ -138,11 +138,14 @@ _IMPORT = """
 import importlib, json, sys
 import torch
 modules, ns = json.loads(sys.argv[1]), set(sys.argv[2:])
-for name, _ in modules:
+for name, library, has_init in modules:
+    if not has_init:
+        torch.ops.load_library(library)
+for name, _, _ in modules:
     if '.' in name:
         importlib.import_module(name.split('.')[0])
-for name, library in modules:
-    if name in sys.modules:
+for name, library, has_init in modules:
+    if name in sys.modules or not has_init:
         continue
     try:
         importlib.import_module(name)
@@ -151,28 +154,55 @@ for name, library in modules:
             raise
         torch.ops.load_library(library)
 ops = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.split('::')[0] in ns)
-names = {n: sorted(a for a in dir(sys.modules[n]) if not a.startswith('_')) for n, _ in modules if n in sys.modules}
+names = {n: sorted(a for a in dir(sys.modules[n]) if not a.startswith('_')) for n, _, _ in modules if n in sys.modules}
 print(json.dumps({'ops': ops, 'names': names}))
 """
 
 IMPORT_TIMEOUT_S = 300.0
 
 
-def try_import(modules: Sequence[tuple[str, Path]], where: Sequence[Path], namespaces: Sequence[str]) -> tuple[bool, dict[str, Any] | str]:
+def try_import(
+    modules: Sequence[tuple[str, Path]],
+    where: Sequence[Path],
+    namespaces: Sequence[str],
+    sources: Sequence[Path] = (),
+    root: Path | None = None,
+) -> tuple[bool, dict[str, Any] | str]:
     """Imports each of ``modules`` (name, its library) in one new process, with
     ``where`` (the folders they import from) on PYTHONPATH, as their users will,
     after every library is in place: (True, the operators they registered in
-    ``namespaces`` and, per module, its public names) or (False, the end of the error)."""
+    ``namespaces`` and, per module, its public names) or (False, the end of the
+    error; one line, naming the one of ``sources`` that made it, for a library
+    whose loading ended the process: a registration error, a throwing static initializer)."""
+    from opforge.builder.child import load_failure, run_bounded
+
     path = [str(w) for w in dict.fromkeys(where)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (*path, os.environ.get("PYTHONPATH")) if p)}
-    cmd = [sys.executable, "-c", _IMPORT, json.dumps([[m, str(lib)] for m, lib in modules]), *namespaces]
+    listed = [[m, str(lib), has_module_init(lib, m)] for m, lib in modules]
+    cmd = [sys.executable, "-c", _IMPORT, json.dumps(listed), *namespaces]
     try:
-        res = subprocess.run(cmd, cwd=path[0], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=IMPORT_TIMEOUT_S)
+        res = run_bounded(cmd, cwd=path[0], env=env, timeout=IMPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return False, f"the import did not finish within {IMPORT_TIMEOUT_S:.0f} s"
     if res.returncode == 0:
         return True, json.loads(res.stdout.strip().splitlines()[-1])
+    if res.returncode < 0 or "terminate called after throwing" in res.stderr:
+        # A C++ abort: its backtrace says nothing a user can act on; torch's message and the source do.
+        return False, load_failure(res.stderr, res.returncode, modules[-1][1], sources, root)
     return False, "\n".join(_own_frames(res.stderr.strip().splitlines())[-12:])
+
+
+def has_module_init(library: Path, module: str) -> bool:
+    """Whether ``library`` defines ``PyInit_<module's last part>``, the function
+    an import calls: a library of TORCH_LIBRARY code alone (a CppExtension with
+    no PYBIND11_MODULE) defines none, and is loaded with torch.ops.load_library.
+    True where its symbols cannot be read: the import then says what is wrong."""
+    from opforge.elf_symbols import ElfError, read_dynamic_symbols
+
+    try:
+        return f"PyInit_{module.rsplit('.', 1)[-1]}" in read_dynamic_symbols(library, reader="elf").defined
+    except (ElfError, OSError, ValueError):
+        return True
 
 
 def _own_frames(lines: list[str]) -> list[str]:
@@ -194,4 +224,4 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-__all__ = ["IMPORT_TIMEOUT_S", "package_config", "place_in_package", "place_library", "try_import", "write_generated"]
+__all__ = ["IMPORT_TIMEOUT_S", "has_module_init", "package_config", "place_in_package", "place_library", "try_import", "write_generated"]

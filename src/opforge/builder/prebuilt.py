@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from opforge.builder.archs import arch_covered
-from opforge.builder.errors import BuildError
+from opforge.builder.errors import BuildError, load_reason
 from opforge.builder.jit import BuildConfig, Library, check_safe_to_load
 from opforge.elf_symbols import ElfError, check_complete
 
@@ -40,7 +40,15 @@ def explain_load_error(path: Path, message: str) -> str:
             "imported: `import torch` before loading it (opforge.load_library does), or build it with an rpath to torch/lib"
         )
     if "undefined symbol" in message:
-        symbol = message.rsplit("undefined symbol:", 1)[-1].strip()
+        from opforge.elf_symbols import demangle
+
+        mangled = message.rsplit("undefined symbol:", 1)[-1].strip().split(",")[0].strip()
+        symbol = demangle([mangled]).get(mangled, mangled)
+        if not symbol.startswith(("c10::", "at::", "torch::", "caffe2::", "_ZN3c10", "_ZN2at", "_ZN5torch")):
+            return (
+                f"{path.name} needs `{symbol}`, which neither it nor a library it links defines: a function declared but "
+                "never written (or left out of the build), or a library missing from the link"
+            )
         return (
             f"{path.name} was built against another torch (or another C++ ABI, _GLIBCXX_USE_CXX11_ABI) than this "
             f"process's torch: the symbol {symbol} is missing. Rebuild it with this torch; opforge's JIT cache keys on the "
@@ -80,8 +88,9 @@ def load_library_file(path: str | Path) -> Path:
     try:
         torch.ops.load_library(str(p))
     except OSError as exc:
-        why = explain_load_error(p, str(exc))
-        raise BuildError(f"opforge: could not load {p}: {exc}" + (f"\n{why}" if why else "")) from exc
+        reason = load_reason(exc)
+        why = explain_load_error(p, reason)
+        raise BuildError(f"opforge: could not load {p}: {reason}" + (f"\n{why}" if why else "")) from exc
     return p
 
 

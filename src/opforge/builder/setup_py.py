@@ -5,9 +5,12 @@ declares: globs, ``torch.version.cuda`` tests, an ``if`` on an environment
 variable) with ``setuptools.setup`` replaced by a function that records its
 ``ext_modules`` and stops, and with torch's ``CppExtension`` and
 ``CUDAExtension`` recording what the author passed, before torch adds its own
-paths and libraries (the engine adds those itself). Nothing is compiled and
-nothing is written; a setup.py that fails, never calls ``setup()`` or runs
-past ``READ_TIMEOUT_S`` is an error that names it.
+paths and libraries (the engine adds those itself). ``build_ext`` does not
+run, so nothing is compiled by it, but the rest of the setup.py's code does
+(what it writes is written), as under pip: only ``opforge.builder.plan`` reads
+a setup.py without running it. A setup.py that fails, never calls ``setup()``
+or runs past ``READ_TIMEOUT_S`` (the whole process group is ended then) is an
+error that names it.
 
 ``extension_config`` turns one extension into a build of the JIT engine
 (cache, lock, progress, compiler errors), named as setuptools names it, so
@@ -28,11 +31,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from opforge.builder.child import run_bounded
 from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
 from opforge.builder.jit import BuildConfig
 from opforge.builder.package_init import abi3_suffix
 
-#: A setup.py only declares: a minute covers importing torch on a loaded machine.
+#: A setup.py mostly declares: a minute covers importing torch on a loaded machine.
 READ_TIMEOUT_S = 120.0
 
 # Run in the setup.py's folder as `python -c _READER SETUP_PY OUT_JSON`.
@@ -212,13 +216,11 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
         out = Path(tmp) / "extensions.json"
         start = time.perf_counter()
         try:
-            res = subprocess.run(
+            # A group of its own, killed whole at the limit: a helper the setup.py started goes too.
+            res = run_bounded(
                 [sys.executable, "-c", _READER, str(setup_py), str(out)],
                 cwd=root,
                 env={**os.environ, "OPFORGE_NO_AUTOLOAD": "1"},
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:

@@ -35,7 +35,12 @@ def cache_root(*, write: bool = True) -> Path:
     created (mode 0700) if missing. Raises CacheDirError when it is no
     directory or cannot be made, or cannot be read (``write``: and written)."""
     env = os.environ.get("OPFORGE_CACHE_DIR")
-    root = Path(env) if env else Path.home() / ".cache" / "opforge"
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "opforge"
+    if env and not root.is_absolute():
+        # Relative to the folder the command started in, for this process and every one it starts (a
+        # build's child runs in the user's folder, where the same words would name another cache).
+        root = Path.cwd() / root
+        os.environ["OPFORGE_CACHE_DIR"] = env = str(root)
     named = f"OPFORGE_CACHE_DIR={env}" if env else f"the build cache {root}"
     fix = "set OPFORGE_CACHE_DIR to a directory you can write"
     try:

@@ -26,7 +26,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from opforge.builder.discover import CPP_SUFFIXES, strip_comments
+from opforge.builder.binding import strip_comments
+from opforge.builder.discover import CPP_SUFFIXES
 from opforge.builder.jit import BuildConfig
 
 # The header families torch installs; a CUDA or HIP header (c10/cuda/...) needs the toolkit's.

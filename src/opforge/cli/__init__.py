@@ -90,14 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--in-process", action="store_true",
                         help="run the checks in this process (for a debugger); a kernel that crashes then ends the command")  # fmt: skip
 
-    sp = sub.add_parser("build", help="build (or find in the cache) the op library, or a folder of yours, and say where it is")
+    sp = sub.add_parser("build", help="build (or find in the cache) the op library, or a folder of yours, and say where it is",
+                        description="Builds opforge's op library, or the folder PATH. Building a folder runs its code, as "
+                                    "pip install would: its setup.py, the __init__.py of a package imported after the build, "
+                                    "a CMakeLists.txt (execute_process...), and the C++ static initializers of what was "
+                                    "built. Build only folders you trust; --dry-run shows the plan and runs none of it.")  # fmt: skip
     sp.add_argument("path", nargs="?", type=Path, default=None,
                     help="a folder of your sources, in any layout: sources and headers in any subfolder, a package "
                          "importing _C, a pybind11 module, a setup.py or a CMakeLists.txt; what it finds is printed "
-                         "first (default: opforge's own op library)")  # fmt: skip
+                         "first (default: opforge's own op library). Its code runs (see above)")  # fmt: skip
     sp.add_argument("--route", choices=["auto", "setup.py", "jit", "inline", "setuptools", "pybind", "cmake", "package"], default="auto",
                     help="auto (default): the one the folder calls for; setup.py: the extensions its setup.py declares, read "
-                         "from it (setup() is not run) and built in place as build_ext --inplace would; TORCH_LIBRARY ops "
+                         "by running it with setup() replaced (its other code runs) and built in place as build_ext "
+                         "--inplace would; TORCH_LIBRARY ops "
                          "by jit (cached ninja build), inline (the files as strings) or setuptools (build_ext, as pip "
                          "install); pybind: a "
                          "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) module; cmake: its CMakeLists.txt; package: a "
@@ -106,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a setup.py's CUDA extensions for every arch it asks for (-gencode flags, TORCH_CUDA_ARCH_LIST), "
                          "as a wheel needs; default: only the archs of this machine's GPUs, where every GPU here is "
                          "among them (also OPFORGE_ALL_ARCHS=1)")  # fmt: skip
+    sp.add_argument("--dry-run", action="store_true",
+                    help="print what was found and the plan (route, extensions, sources, flags, output) and stop: "
+                         "nothing is compiled, and no code of the folder runs (a setup.py is parsed, not run)")  # fmt: skip
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("new", help="scaffold an operator package: C++/CUDA kernels, schema, spec, tests, pyproject.toml")
     sp.add_argument("name", help="the operator's name, also the Python package's (an identifier such as my_op)")

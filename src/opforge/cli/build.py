@@ -15,7 +15,10 @@ from opforge.cli.targets import library, resolve_targets
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    dry_run = getattr(args, "dry_run", False)
     if args.path is None:
+        if dry_run:
+            usage_error("opforge build: --dry-run needs the folder to plan (opforge build PATH --dry-run)")
         return print_library()
     from opforge.project import ProjectError, find_project
 
@@ -23,9 +26,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         project = find_project(args.path) if args.path.is_dir() else None
     except ProjectError as exc:
         raise SystemExit(f"opforge build: {exc}") from None
+    if project is not None and dry_run:
+        return build_folder(project.sources, "jit" if args.route == "auto" else args.route, dry_run=True)
     if project is not None:  # a package of opforge new's: its import builds (JIT) and loads it
         return build_project(args.path) if args.route in ("auto", "jit") else build_folder(project.sources, args.route)
-    return build_folder(args.path, args.route, all_archs=args.all_archs)
+    return build_folder(args.path, args.route, all_archs=args.all_archs, dry_run=dry_run)
 
 
 def build_project(path: Path) -> int:
@@ -47,14 +52,18 @@ def print_library(*, wait_fast: bool = True) -> int:
     return 0
 
 
-def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) -> int:
+def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dry_run: bool = False) -> int:
     """A user's folder of sources, in whatever layout (opforge.builder.discover):
     what was found is printed, then it is built by the route it calls for, or
     by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
     files handed to opforge.builder.inline as strings), setuptools (build_ext, as
     pip install would). A package importing _C: package (built in place). A
     pybind11 module: pybind. Its own CMakeLists.txt: cmake. ``all_archs``: a
-    setup.py's every CUDA arch, not only this machine's GPUs' (``cuda_targets``)."""
+    setup.py's every CUDA arch, not only this machine's GPUs' (``cuda_targets``).
+    ``dry_run``: what was found and the plan (opforge.builder.plan), then
+    stop; nothing compiles and no code of the folder runs. Otherwise the
+    folder's code runs, as pip would run it (setup.py, an __init__.py, CMake,
+    static initializers)."""
     import torch
 
     from opforge import load_library as load_library_file
@@ -62,10 +71,11 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
     from opforge.builder.config import folder_config
     from opforge.builder.describe import cuda_unavailable, describe
     from opforge.builder.discover import DiscoveryError, discover
-    from opforge.builder.errors import BuildError
-    from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library, undefined_symbol_error
+    from opforge.builder.errors import BuildError, load_reason
+    from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
     from opforge.builder.jit import load_library
     from opforge.builder.registrations import registers_nothing
+    from opforge.builder.symbols import undefined_symbol_error
     from opforge.builder.user_pch import with_torch_pch
 
     try:
@@ -73,7 +83,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
     except DiscoveryError as exc:
         usage_error(f"opforge build: {exc}")
     route = layout.route if route == "auto" else route
-    if route == "kernel-builder":
+    if route == "kernel-builder" and not dry_run:
         return _build_kernel_builder(layout.root)
     if route == "package" and layout.package is None:
         usage_error(f"opforge build: {path}: --route package, but no package here imports a compiled _C (`from . import _C`)")
@@ -88,6 +98,12 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
         return 1
     for line in describe(layout, route=route, cuda_reason=reason, cuda_archs=archs):
         out.print(line, highlight=False, markup=False)
+    if dry_run:
+        from opforge.builder.plan import plan_lines
+
+        for line in plan_lines(layout, route, setup_py=setup_py):
+            out.print(line, highlight=False, markup=False)
+        return 0
     folder = layout.root
     if route in ("jit", "inline", "setuptools") and (why := pybind_instead_of_torch_library(folder)):
         # Refused before compiling: the build would succeed and leave torch.ops without a single operator.
@@ -98,11 +114,11 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
         if route == "jit":
             cfg = with_torch_pch(folder_config(folder))[0]
             try:
-                lib = load_library(cfg)
+                lib = load_library(cfg, verify=True)
             except OSError as exc:  # built, but it does not load: an undefined symbol is explained
                 left_out = () if cfg.with_cuda else layout.tree.cuda
-                raise undefined_symbol_error(cfg.name, exc, left_out, root=folder) or BuildError(
-                    f"opforge: {cfg.name}: built, but loading it failed: {exc}"
+                raise undefined_symbol_error(cfg.name, exc, left_out, root=folder, sources=cfg.sources) or BuildError(
+                    f"opforge: {cfg.name}: built, but loading it failed: {load_reason(exc)}"
                 ) from None
             if registers_nothing(lib.path, ops_before):
                 return _registered_nothing(folder, lib.path)
@@ -133,6 +149,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False) ->
             from opforge.builder.setuptools_ext import build_folder as build_with_setuptools
 
             so = build_with_setuptools(folder)
+            verify_library(so, folder)
             load_library_file(so)
             if registers_nothing(so, ops_before):
                 return _registered_nothing(folder, so)
@@ -189,17 +206,27 @@ def _imports(
     operators they registered; an undefined symbol that a CUDA source left
     out (``left_out``) would define is said so (``macro``: what the build
     defines only with CUDA, "" where opforge defines none)."""
-    from opforge.builder.inline import undefined_symbol_error
-    from opforge.builder.package import try_import
+    from opforge.builder.discover import walk
+    from opforge.builder.package import has_module_init, try_import
+    from opforge.builder.symbols import undefined_symbol_error
 
-    ok, found = try_import(modules, where, namespaces)
+    sources = walk(root).sources
+    ok, found = try_import(modules, where, namespaces, sources, root)
     shown = ", ".join(str(w) for w in dict.fromkeys(where))
     if not ok:
         assert isinstance(found, str)
-        why = undefined_symbol_error(name, found, left_out, root=root, macro=macro)
+        why = undefined_symbol_error(name, found, left_out, root=root, macro=macro, sources=sources)
         libraries = ", ".join(str(lib) for _, lib in modules)
         found += f"\n{why}" if why is not None else ""
-        err.print(f"opforge build: built {libraries}, but `import {name}` fails (in {shown}):\n{found}", highlight=False, markup=False)
+        bare = [lib.name for m, lib in modules if not has_module_init(lib, m)]
+        if bare and "module export function" in found:
+            found += (
+                f"\n{', '.join(bare)} defines no PyInit_ function: it holds TORCH_LIBRARY operators, not a Python module, "
+                "and loads with torch.ops.load_library(path) (which worked here, before the import); load it that way, "
+                "or make it a module too with an empty PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
+            )
+        sep = "\n" if "\n" in found else " "  # a traceback below, a one-line reason after
+        err.print(f"opforge build: built {libraries}, but `import {name}` fails (in {shown}):{sep}{found}", highlight=False, markup=False)
         return 1
     assert isinstance(found, dict)
     ops, names = found["ops"], {m: n for m, n in found["names"].items() if n}
@@ -216,9 +243,10 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
     where ``build_ext --inplace`` puts it; then, all in place, imported in one
     new process, as their users will (a package whose __init__ imports every
     one of them needs all of them there)."""
+    from opforge.builder.binding import read_binding
     from opforge.builder.config import want_cuda
     from opforge.builder.describe import cuda_unavailable
-    from opforge.builder.discover import DiscoveryError, read_binding
+    from opforge.builder.discover import DiscoveryError
     from opforge.builder.errors import BuildError
     from opforge.builder.package import place_library
     from opforge.builder.parallel import build_libraries
@@ -237,7 +265,8 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
         err.print(f"opforge build: {exc}{also}", highlight=False, markup=False)
         return 1
     n = len(found.extensions)
-    out.print(f"  setup.py: {n} extension{'s' if n != 1 else ''}, read in {found.seconds:.1f} s (setup() not run):", highlight=False)
+    read = f"read in {found.seconds:.1f} s (its code ran, setup() replaced: nothing built by it)"
+    out.print(f"  setup.py: {n} extension{'s' if n != 1 else ''}, {read}:", highlight=False)
     cuda = want_cuda()
     for ext in found.extensions:
         for line in ext.summary(root):
@@ -274,6 +303,20 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
     return _imports(", ".join(ext.name for ext in found.extensions), modules, where, namespaces, left_out, root)
 
 
+def verify_library(so: Path, folder: Path) -> None:
+    """A library built from ``folder`` by a route of its own (setuptools, CMake)
+    loaded in a new process first (``opforge.builder.child.verify_load``): a
+    registration error, or a loader error, is a BuildError in one line."""
+    from opforge.builder.child import verify_load
+    from opforge.builder.discover import walk
+    from opforge.builder.errors import BuildError
+
+    tree = walk(folder)
+    failure = verify_load(so, sources=tree.sources, root=tree.root)
+    if failure is not None:
+        raise BuildError(f"opforge build: {folder.name}: built {so}, but {failure}")
+
+
 def _registered_nothing(folder: Path, so: Path) -> int:
     err.print(
         f"opforge build: {folder.name}: built and loaded {so}, but it registers no operator (no TORCH_LIBRARY, "
@@ -296,6 +339,12 @@ def _build_cmake(folder: Path) -> int:
         usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     try:
         libs = build_cmake(folder, say=lambda line: err.print(line, highlight=False))
+    except BuildError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        return 1
+    try:
+        for so in libs:
+            verify_library(so, folder)
     except BuildError as exc:
         err.print(str(exc), highlight=False, markup=False)
         return 1
