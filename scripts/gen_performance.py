@@ -53,7 +53,7 @@ FAMILIES: dict[str, tuple[Source, ...]] = {
         Source("cpu-amd-epyc-2threads_*_elementwise.json"),
         Source("cpu-amd-epyc-1thread_*_elementwise.json", required=False),
     ),
-    "host-overhead": (Source("host-overhead_nvidia-h200_*.json"),),
+    "host-overhead": (Source("host-overhead_nvidia-*.json"), Source("host-overhead_cpu-*.json", required=False, exclude=("*_before.json",))),
     "lltm": (Source("lltm_nvidia-h200_*.json"), Source("lltm-graph_nvidia-h200_*.json", required=False)),
     "gemm": (Source("nvidia-h200_*_gemm.json"),),
     "qqq": (Source("nvidia-h200_*_qqq.json"),),
@@ -114,7 +114,8 @@ PROSE: dict[str, str] = {
         "the kernel, whose own duration (from the profiler, per call) is in the device columns. The public functions take "
         "an eager fast path, below autograd when no gradient is needed and recording one node per call when one is; the "
         "same operator called through `torch.ops` goes the dispatcher's whole way. "
-        "Measured by `benchmarks/host_overhead.py`: many calls from Python, one synchronisation, the best of several runs."
+        "Measured by `benchmarks/host_overhead.py`: many calls from Python per loop, one synchronisation, the routes "
+        "interleaved round by round so that the machine's noise hits them alike, the best round of each."
     ),
     "lltm": (
         "The bench queues each call behind a spin on the GPU that outlasts the host's time to queue the whole call, so "
@@ -499,7 +500,58 @@ def cpu_elementwise(results: Sequence[Result | None], page: Page) -> list[str]:
 
 
 def host_overhead(results: Sequence[Result | None], page: Page) -> list[str]:
-    report = next(r.data for r in results if r is not None)
+    out: list[str] = []
+    for result in results:
+        if result is None:
+            continue
+        report = result.data
+        table = _host_per_op(report) if any("op" in r for r in report.get("rows", [])) else _host_add(report)
+        if out:
+            out.append("")
+        if len(results) > 1:
+            out += [f"{report.get('device') if report.get('device') != 'cpu' else report.get('cpu', 'CPU')}, `{result.path.name}`:", ""]
+        out += table
+    return out
+
+
+def _host_per_op(report: Json) -> list[str]:
+    """Every elementwise operator, public function against torch's and torch.ops, with and without grad."""
+    rows = report.get("rows", [])
+    routes = list(dict.fromkeys(k for r in rows for k in r.get("us_per_call", {})))
+    device_routes = list(dict.fromkeys(k for r in rows for k in r.get("device_us_per_call") or {}))
+
+    def ratio(r: Json) -> float | None:
+        t = r.get("us_per_call") or {}
+        return t["torch"] / t["opforge"] if t.get("opforge") and t.get("torch") else None
+
+    head = ["operator", "elements", "requires_grad", "torch's call", *(f"{k} us" for k in routes), "vs torch"]
+    head += [f"{k} device us" for k in device_routes]
+    body = []
+    for r in rows:
+        line = [f"`{r['op']}`", f"{r['n']:,}", str(r["requires_grad"]).lower(), f"`{r.get('torch_equivalent', '')}`"]
+        line += [f"{r['us_per_call'][k]:,.2f}" if k in r["us_per_call"] else "-" for k in routes]
+        line.append(fmt_x(ratio(r)))
+        dev = r.get("device_us_per_call") or {}
+        line += [f"{dev[k]:.3f}" if k in dev else "-" for k in device_routes]
+        body.append(line)
+    plain = [ratio(r) for r in rows if not r["requires_grad"]]
+    grad = [ratio(r) for r in rows if r["requires_grad"]]
+    clock = "the thread's CPU time" if report.get("clock") == "thread" else "wall time"
+    facts = [f"{report['threads']} thread{'s' if report['threads'] != 1 else ''}"] if report.get("threads") else []
+    if report.get("loadavg_before") and report.get("loadavg_after"):
+        facts.append(f"load average {report['loadavg_before'][0]:.1f} before the run and {report['loadavg_after'][0]:.1f} after")
+    text = (
+        f"Host time per call, the public function against torch's own: {span(plain, _x_num, 'x')} without a gradient, "
+        f"{span(grad, _x_num, 'x')} with `requires_grad` (over 1x: faster than torch). Timed by {clock}, the best of "
+        f"{report.get('rounds', '?')} interleaved rounds of {report.get('calls_per_round', 0):,} calls per route"
+        + (f"; {', '.join(facts)}" if facts else "")
+        + "."
+    )
+    return [text, "", *md_table(head, body, text_columns=4)]
+
+
+def _host_add(report: Json) -> list[str]:
+    """The older format: opforge.add against torch.add only."""
     rows = report.get("rows", [])
     impls = list(dict.fromkeys(k for r in rows for k in r.get("us_per_call", {})))
     device_impls = list(dict.fromkeys(k for r in rows for k in r.get("device_us_per_call") or {}))

@@ -138,6 +138,49 @@ def test_saved_tensors_are_version_checked_freed_and_leak_nothing():
     assert y.grad is None
 
 
+def test_each_recorded_call_sees_its_own_needs_input_grad_and_may_save_none(seed):
+    from opforge.fast import Context, fast_op
+
+    # A fresh callable with a formula of the test's own: ctx.needs_input_grad is shared between
+    # calls of one pattern, and save_for_backward may hold None, as torch.autograd.Function's.
+    fast = fast_op("opforge::axpby")
+    assert fast is not None
+    seen = []
+
+    def setup_context(ctx, inputs, output):
+        seen.append(ctx.needs_input_grad)
+        ctx.save_for_backward(None, inputs[0], None)
+        ctx.alpha, ctx.beta = inputs[2], inputs[3]
+
+    def backward(ctx, grad):
+        nothing, x, nothing_either = ctx.saved_tensors
+        assert nothing is None and nothing_either is None and x.shape == grad.shape
+        gx = grad * ctx.alpha if ctx.needs_input_grad[0] else None
+        gy = grad * ctx.beta if ctx.needs_input_grad[1] else None
+        return gx, gy, None, None
+
+    fast.set_autograd(setup_context, backward, Context)
+    g = generator(torch.device("cpu"), seed)
+    masks = [(True, False), (False, True), (True, True), (True, False), (False, True)]
+    for wants_x, wants_y in masks:
+        x = torch.randn(6, generator=g).requires_grad_(wants_x)
+        y = torch.randn(6, generator=g).requires_grad_(wants_y)
+        alpha, beta = torch.randn(2, generator=g).tolist()
+        out = fast(x, y, alpha, beta)
+        assert out.grad_fn is not None and out.grad_fn.name() == "opforge::axpbyBackward"
+        torch.testing.assert_close(out, alpha * x.detach() + beta * y.detach())
+        out.sum().backward()
+        for t, wants, scale in ((x, wants_x, alpha), (y, wants_y, beta)):
+            if wants:
+                torch.testing.assert_close(t.grad, torch.full_like(t, scale))
+            else:
+                assert t.grad is None
+    assert seen == [(a, b, False, False) for a, b in masks]
+    with torch.no_grad():
+        assert fast(x, y, 1.0, 2.0).grad_fn is None
+    assert len(seen) == len(masks)  # no recording without grad mode
+
+
 def test_keywords_defaults_and_int_scalars():
     x, y = torch.randn(17), torch.randn(17)
     # The schema's defaults (alpha=3, beta=-1: the autograd tutorial's 3x - y), filled in by the fast path.
@@ -233,21 +276,44 @@ def test_a_compile_during_which_the_fast_path_attaches_still_works(seed):
     # it was None, then guarding on it once it held the C++ object, raised "Unexpected type
     # FastOp" (seen compiling a tensor-parallel model under torchrun). A backend that attaches it
     # in the middle of the compile makes that moment certain.
+    from opforge.spec import _declined
+
     fn = opforge.sigmoid
     fast = fn._opforge_fast
     assert fast is not None
-    (cell,) = [c for c in fn.__closure__ if isinstance(c.cell_contents, list) and c.cell_contents == [fast]]
+    (cell,) = [c for c in fn.__closure__ if c.cell_contents is fast]
 
     def backend(gm, example_inputs):
-        cell.cell_contents[0] = fast
+        cell.cell_contents = fast
         return gm.forward
 
     x = torch.randn(5, generator=generator(torch.device("cpu"), seed))
     torch._dynamo.reset()
-    cell.cell_contents[0] = None
+    cell.cell_contents = _declined  # what the function holds before the module attaches
     try:
         compiled = torch.compile(lambda t: opforge.sigmoid(t) * 2, backend=backend, fullgraph=True)
         torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 2)
     finally:
-        cell.cell_contents[0] = fast
+        cell.cell_contents = fast
         torch._dynamo.reset()
+
+
+def test_only_a_setup_context_that_does_nothing_is_skipped():
+    from opforge.spec import _does_nothing
+
+    def empty(ctx, inputs, output):
+        pass
+
+    def saves(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    assert _does_nothing(empty) and _does_nothing(SPECS["add"].setup_context)
+    assert not _does_nothing(saves) and not _does_nothing(SPECS["square"].setup_context)
+    assert not _does_nothing(lambda ctx, inputs, output: ctx.__setattr__("k", 1))
+    assert not _does_nothing(print)  # a builtin: no code to read, called as given
+    # add skips it and still records its node and gradients.
+    x = torch.randn(4, requires_grad=True)
+    out = opforge.add(x, x)
+    assert out.grad_fn.name() == "opforge::addBackward"
+    out.backward(torch.ones(4))
+    torch.testing.assert_close(x.grad, torch.full((4,), 2.0))

@@ -271,7 +271,7 @@ def test_a_spec_file_stands_for_the_operators_its_specs_name(tmp_path, capsys):
     assert "opforge profile: nothere.py: no such file" in capsys.readouterr().err
     empty = tmp_path / "no_specs.py"
     empty.write_text("import torch\n")
-    assert profile_cli._package_ops(str(empty)) == 1
+    assert profile_cli._package_ops(str(empty)) == 2  # no SPECS: a usage error
     assert "SPECS" in capsys.readouterr().err
     # The runner under ncu and the checks under compute-sanitizer load the file first.
     cmd = ncu_command("/x/ncu", MULADD, "2^20", "float32", project=SPEC_FILE)

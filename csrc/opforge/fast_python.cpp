@@ -36,6 +36,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -45,6 +46,9 @@
 
 #include "opforge/aten/common.h"
 
+#include <structmember.h>
+
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 
@@ -71,11 +75,35 @@ struct FastOp {
   PyObject* setup_context;
   PyObject* backward;
   PyObject* ctx_type;
-  std::string* node_name;
+  // Where ctx_type's __slots__ keep needs_input_grad and to_save (byte offsets into the ctx), or -1:
+  // read and written directly, a ctx needs no __dict__ unless setup_context sets more attributes,
+  // and nothing saved is a null slot rather than an AttributeError raised and cleared.
+  Py_ssize_t needs_slot;
+  Py_ssize_t to_save_slot;
+  bool plain_ctx;  // ctx_type has neither __new__ nor __init__ of its own: allocated without calling it
+  std::shared_ptr<const struct NodeInfo>* node_info;
   std::vector<size_t>* writes;  // positions of the arguments the schema marks written (Tensor(a!))
+  // needs_input_grad tuples by the mask of the tensor arguments that need a gradient (owned; built on
+  // first use): a recording call shares one instead of building a tuple of bools per call.
+  std::vector<PyObject*>* needs_cache;
 };
 
 PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
+
+// What every node of one operator shares: one reference count per call instead of copying a name
+// and a vector into each node (each its own allocation).
+struct NodeInfo {
+  std::string name;
+  std::vector<bool> tensor_arg;  // per argument: does it have an edge
+};
+
+// Attribute names, interned once: the *AttrString functions make a new str on every call.
+struct Names {
+  PyObject* needs_input_grad;
+  PyObject* to_save;
+  PyObject* saved_tensors;
+};
+Names names{};
 
 using torch::autograd::Node;
 using torch::autograd::SavedVariable;
@@ -88,11 +116,10 @@ struct PyBackward : Node {
   PyObject* backward = nullptr;  // the spec's function (lives as long as the process)
   PyObject* ctx = nullptr;       // owned
   std::vector<SavedVariable> saved;
-  std::vector<bool> tensor_arg;  // per argument: does it have an edge
-  std::string node_name;
+  std::shared_ptr<const NodeInfo> info;
   bool released = false;
 
-  std::string name() const override { return node_name; }
+  std::string name() const override { return info->name; }
 
   void release_variables() override {
     saved.clear();
@@ -101,6 +128,8 @@ struct PyBackward : Node {
 
   variable_list apply(variable_list&& grads) override {
     pybind11::gil_scoped_acquire gil;
+    const std::string& node_name = info->name;
+    const std::vector<bool>& tensor_arg = info->tensor_arg;
     TORCH_CHECK(!released, node_name,
                 ": trying to backward through the graph a second time (or to read saved tensors after they were freed); "
                 "pass retain_graph=True to the first backward");
@@ -109,7 +138,7 @@ struct PyBackward : Node {
     for (size_t i = 0; i < saved.size(); ++i) {
       PyTuple_SET_ITEM(saved_tuple, static_cast<Py_ssize_t>(i), THPVariable_Wrap(saved[i].unpack(getptr())));
     }
-    const int set = PyObject_SetAttrString(ctx, "saved_tensors", saved_tuple);
+    const int set = PyObject_SetAttr(ctx, names.saved_tensors, saved_tuple);
     Py_DECREF(saved_tuple);
     if (set < 0) throw python_error();
     PyObject* call_args = PyTuple_New(static_cast<Py_ssize_t>(grads.size()) + 1);
@@ -145,8 +174,11 @@ struct PyBackward : Node {
 
   ~PyBackward() override {
     if (ctx != nullptr) {
-      pybind11::gil_scoped_acquire gil;
+      // Mostly freed with the GIL held (the output's Python object died): PyGILState is cheaper
+      // than pybind11's guard there.
+      const PyGILState_STATE gil = PyGILState_Ensure();
       Py_DECREF(ctx);
+      PyGILState_Release(gil);
     }
   }
 };
@@ -174,49 +206,85 @@ PyObject* input_object(const FastOp* f, PyObject* const* args, Py_ssize_t n, Py_
   Py_RETURN_NONE;
 }
 
+// The tensor arguments of a recording call, in argument order (no heap allocation for the usual few).
+using Tensors = c10::SmallVector<at::Tensor, 4>;
+
+PyObject** object_slot(PyObject* o, Py_ssize_t offset) {
+  return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
+}
+
+// The byte offset of `type`'s __slots__ entry `name` (an object slot), or -1.
+Py_ssize_t slot_offset(PyObject* type, PyObject* name) {
+  PyObject* descr = _PyType_Lookup(reinterpret_cast<PyTypeObject*>(type), name);  // borrowed
+  if (descr == nullptr || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return -1;
+  const PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+  return member->type == T_OBJECT_EX && (member->flags & READONLY) == 0 ? member->offset : -1;
+}
+
+// ctx.needs_input_grad: a new reference, or null with a Python error set. One tuple per mask of
+// the tensor arguments that need a gradient, shared by the calls (tuples are immutable).
+PyObject* needs_input_grad(const FastOp* f, const Tensors& tensors) {
+  const std::vector<bool>& tensor_arg = (*f->node_info)->tensor_arg;
+  const auto total = static_cast<Py_ssize_t>(tensor_arg.size());
+  size_t mask = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) mask |= static_cast<size_t>(tensors[t].requires_grad()) << t;
+  std::vector<PyObject*>& cache = *f->needs_cache;
+  const bool cacheable = mask < cache.size();
+  if (cacheable && cache[mask] != nullptr) {
+    Py_INCREF(cache[mask]);
+    return cache[mask];
+  }
+  PyObject* needs = PyTuple_New(total);
+  if (needs == nullptr) return nullptr;
+  size_t t = 0;
+  for (Py_ssize_t i = 0; i < total; ++i) {
+    bool needs_grad = false;
+    if (tensor_arg[static_cast<size_t>(i)]) needs_grad = ((mask >> t++) & 1U) != 0;
+    PyTuple_SET_ITEM(needs, i, PyBool_FromLong(needs_grad));
+  }
+  if (cacheable) {
+    Py_INCREF(needs);
+    cache[mask] = needs;
+  }
+  return needs;
+}
+
 // Records the call in the autograd graph: out's grad_fn is a PyBackward whose
 // saved tensors are what the spec's setup_context saves.
-PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const torch::jit::Stack& inputs,
-                 at::Tensor out) {
+PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const Tensors& tensors, at::Tensor out) {
   const auto total = static_cast<Py_ssize_t>(f->kinds->size());
   NodePtr node_ptr = make_node<NodePtr>();
   auto* node = static_cast<PyBackward*>(node_ptr.get());
   node->backward = f->backward;
-  node->node_name = *f->node_name;
-  std::vector<at::Tensor> tensors;
-  for (Py_ssize_t i = 0; i < total; ++i) {
-    const bool is_tensor = (*f->kinds)[static_cast<size_t>(i)] == Kind::Tensor;
-    node->tensor_arg.push_back(is_tensor);
-    if (is_tensor) tensors.push_back(inputs[static_cast<size_t>(i)].toTensor());
-  }
+  node->info = *f->node_info;
   node->set_next_edges(torch::autograd::collect_next_edges(at::ArrayRef<at::Tensor>(tensors)));
   torch::autograd::set_history(out, node_ptr);
 
-  PyObject* ctx = PyObject_CallNoArgs(f->ctx_type);
+  auto* type = reinterpret_cast<PyTypeObject*>(f->ctx_type);
+  PyObject* ctx = f->plain_ctx ? type->tp_alloc(type, 0) : PyObject_CallNoArgs(f->ctx_type);
   if (ctx == nullptr) return nullptr;
   node->ctx = ctx;  // the node owns it from here
-  PyObject* needs = PyTuple_New(total);
-  PyObject* in = PyTuple_New(total);
-  if (needs == nullptr || in == nullptr) {
-    Py_XDECREF(needs);
-    Py_XDECREF(in);
-    return nullptr;
+  PyObject* needs = needs_input_grad(f, tensors);
+  if (needs == nullptr) return nullptr;
+  if (f->needs_slot >= 0) {
+    PyObject** slot = object_slot(ctx, f->needs_slot);
+    Py_XSETREF(*slot, needs);
+  } else {
+    const int set = PyObject_SetAttr(ctx, names.needs_input_grad, needs);
+    Py_DECREF(needs);
+    if (set < 0) return nullptr;
   }
-  size_t t = 0;
-  for (Py_ssize_t i = 0; i < total; ++i) {
-    const bool needs_grad = node->tensor_arg[static_cast<size_t>(i)] && tensors[t++].requires_grad();
-    PyTuple_SET_ITEM(needs, i, PyBool_FromLong(needs_grad));
-    PyTuple_SET_ITEM(in, i, input_object(f, args, n, i));
-  }
-  const int set = PyObject_SetAttrString(ctx, "needs_input_grad", needs);
-  Py_DECREF(needs);
   PyObject* py_out = THPVariable_Wrap(out);
-  if (set < 0 || py_out == nullptr) {
-    Py_DECREF(in);
-    Py_XDECREF(py_out);
+  if (py_out == nullptr) return nullptr;
+  if (f->setup_context == Py_None) return py_out;  // a setup_context that does nothing (opforge.spec tells)
+  PyObject* in = PyTuple_New(total);
+  if (in == nullptr) {
+    Py_DECREF(py_out);
     return nullptr;
   }
-  PyObject* ok = PyObject_CallFunctionObjArgs(f->setup_context, ctx, in, py_out, nullptr);
+  for (Py_ssize_t i = 0; i < total; ++i) PyTuple_SET_ITEM(in, i, input_object(f, args, n, i));
+  PyObject* call_args[] = {ctx, in, py_out};
+  PyObject* ok = PyObject_Vectorcall(f->setup_context, call_args, 3, nullptr);
   Py_DECREF(in);
   if (ok == nullptr) {
     Py_DECREF(py_out);
@@ -224,22 +292,57 @@ PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const tor
   }
   Py_DECREF(ok);
   // What setup_context saved moves into SavedVariables; the ctx keeps no tensor,
-  // so a saved output does not hold its own grad_fn alive through Python.
-  PyObject* to_save = PyObject_GetAttrString(ctx, "to_save");
-  if (to_save == nullptr) {
-    PyErr_Clear();
+  // so a saved output does not hold its own grad_fn alive through Python. Read from
+  // the ctx's own dict: a getattr that misses (nothing saved) would build an
+  // AttributeError on every call.
+  PyObject* dict = nullptr;
+  PyObject* to_save = nullptr;  // borrowed
+  if (f->to_save_slot >= 0) {
+    to_save = *object_slot(ctx, f->to_save_slot);
   } else {
+    dict = PyObject_GenericGetDict(ctx, nullptr);
+    if (dict == nullptr) {
+      Py_DECREF(py_out);
+      return nullptr;
+    }
+    to_save = PyDict_GetItemWithError(dict, names.to_save);
+  }
+  if (to_save != nullptr) {
     if (PyTuple_Check(to_save)) {
+      node->saved.reserve(static_cast<size_t>(PyTuple_GET_SIZE(to_save)));
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(to_save); ++i) {
-        const at::Tensor& v = THPVariable_Unpack(PyTuple_GET_ITEM(to_save, i));
+        PyObject* item = PyTuple_GET_ITEM(to_save, i);
+        if (item == Py_None) {
+          node->saved.emplace_back(at::Tensor(), /*is_output=*/false);
+          continue;
+        }
+        if (!THPVariable_Check(item)) {
+          Py_XDECREF(dict);
+          Py_DECREF(py_out);
+          PyErr_Format(PyExc_TypeError, "%s: save_for_backward takes tensors or None, got %.100s",
+                       node->info->name.c_str(), Py_TYPE(item)->tp_name);
+          return nullptr;
+        }
+        const at::Tensor& v = THPVariable_Unpack(item);
         node->saved.emplace_back(v, /*is_output=*/v.is_same(out));
       }
     }
-    Py_DECREF(to_save);
-    if (PyObject_DelAttrString(ctx, "to_save") < 0) PyErr_Clear();
+    if (dict == nullptr) {
+      Py_CLEAR(*object_slot(ctx, f->to_save_slot));
+    } else if (PyDict_DelItem(dict, names.to_save) < 0) {
+      PyErr_Clear();
+    }
+  } else if (PyErr_Occurred()) {
+    Py_XDECREF(dict);
+    Py_DECREF(py_out);
+    return nullptr;
   }
+  Py_XDECREF(dict);
   return py_out;
 }
+
+// Elements from which a CPU kernel runs without the GIL.
+constexpr int64_t kReleaseGilNumel = int64_t{1} << 15;
 
 // Converts one positional argument, or returns false to leave the call to torch.ops.
 bool push_argument(Kind kind, PyObject* arg, bool grad_mode, torch::jit::Stack& stack) {
@@ -313,13 +416,29 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
     }
   }
   bool needs_grad = false;
-  if (grad_mode) {
-    for (const auto& v : stack) needs_grad = needs_grad || (v.isTensor() && v.toTensor().requires_grad());
+  // Whether to let other Python threads run during the kernel: a CPU kernel over a large tensor
+  // runs for a while, but for a small one handing the GIL over and back costs more than the kernel.
+  bool release_gil = false;
+  Tensors tensors;
+  for (const auto& v : stack) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    needs_grad = needs_grad || (grad_mode && t.requires_grad());
+    release_gil = release_gil || !t.is_cpu() || t.numel() >= kReleaseGilNumel;
   }
-  const torch::jit::Stack inputs = needs_grad ? stack : torch::jit::Stack();
+  if (needs_grad) {
+    for (const auto& v : stack) {
+      if (v.isTensor()) tensors.push_back(v.toTensor());
+    }
+  }
   try {
-    // A CPU kernel over a large tensor runs for a while: other Python threads go on meanwhile.
-    pybind11::gil_scoped_release no_gil;
+    // Raw save/restore: pybind11's guard also looks up its internals on every call.
+    struct NoGil {
+      PyThreadState* state;
+      ~NoGil() {
+        if (state != nullptr) PyEval_RestoreThread(state);
+      }
+    } no_gil{release_gil ? PyEval_SaveThread() : nullptr};
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     f->op->callBoxed(&stack);
   } catch (const std::invalid_argument& e) {
@@ -333,7 +452,7 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
   // What the Autograd kernel of a writing operator does after the call; for an inference tensor
   // written outside inference mode the bump raises, as it does there.
   for (const size_t i : *f->writes) THPVariable_Unpack(args[i]).unsafeGetTensorImpl()->bump_version();
-  if (needs_grad) return record(f, args, n, inputs, std::move(stack[0]).toTensor());
+  if (needs_grad) return record(f, args, n, tensors, std::move(stack[0]).toTensor());
   if (f->returns == 0) Py_RETURN_NONE;
   if (f->returns == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
   PyObject* out = PyTuple_New(f->returns);
@@ -349,8 +468,12 @@ void fast_dealloc(PyObject* self) {
   auto* f = reinterpret_cast<FastOp*>(self);
   delete f->kinds;
   delete f->defaults;
-  delete f->node_name;
+  delete f->node_info;
   delete f->writes;
+  if (f->needs_cache != nullptr) {
+    for (PyObject* o : *f->needs_cache) Py_XDECREF(o);
+  }
+  delete f->needs_cache;
   Py_XDECREF(f->setup_context);
   Py_XDECREF(f->backward);
   Py_XDECREF(f->ctx_type);
@@ -359,6 +482,7 @@ void fast_dealloc(PyObject* self) {
 
 // set_autograd(setup_context, backward, ctx_type): the spec's formula, for calls
 // whose inputs need a gradient (torch.library.register_autograd's protocol).
+// setup_context None: one that does nothing, not called.
 PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   if (n != 3) {
     PyErr_SetString(PyExc_TypeError, "set_autograd(setup_context, backward, ctx_type)");
@@ -370,6 +494,16 @@ PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   f->backward = args[1];
   f->ctx_type = args[2];
   for (PyObject* o : {args[0], args[1], args[2]}) Py_INCREF(o);
+  f->needs_slot = f->to_save_slot = -1;
+  f->plain_ctx = false;
+  if (!PyType_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "set_autograd: ctx_type must be a class");
+    return nullptr;
+  }
+  auto* type = reinterpret_cast<PyTypeObject*>(args[2]);
+  f->plain_ctx = type->tp_new == PyBaseObject_Type.tp_new && type->tp_init == PyBaseObject_Type.tp_init;
+  f->needs_slot = slot_offset(args[2], names.needs_input_grad);
+  f->to_save_slot = slot_offset(args[2], names.to_save);
   Py_RETURN_NONE;
 }
 
@@ -427,8 +561,16 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   f->required = required;
   f->returns = static_cast<Py_ssize_t>(schema.returns().size());
   f->setup_context = f->backward = f->ctx_type = nullptr;
-  f->node_name = new std::string(std::string(qualname) + "Backward");
+  f->needs_slot = f->to_save_slot = -1;
+  f->plain_ctx = false;
+  std::vector<bool> tensor_arg;
+  for (const Kind k : *f->kinds) tensor_arg.push_back(k == Kind::Tensor);
+  const auto tensor_count = static_cast<size_t>(std::count(tensor_arg.begin(), tensor_arg.end(), true));
+  f->node_info = new std::shared_ptr<const NodeInfo>(
+      std::make_shared<const NodeInfo>(NodeInfo{std::string(qualname) + "Backward", std::move(tensor_arg)}));
   f->writes = new std::vector<size_t>(std::move(writes));
+  // Up to 6 tensor arguments (64 masks); beyond, each call builds its own tuple.
+  f->needs_cache = new std::vector<PyObject*>(tensor_count <= 6 ? size_t{1} << tensor_count : 0, nullptr);
   return reinterpret_cast<PyObject*>(f);
   END_HANDLE_TH_ERRORS
 }
@@ -482,6 +624,11 @@ PyMODINIT_FUNC OPFORGE_CONCAT(PyInit_, TORCH_EXTENSION_NAME)() {
   type.tp_dealloc = opforge::fast_dealloc;
   type.tp_methods = opforge::fast_op_methods;
   if (PyType_Ready(&type) < 0) return nullptr;
+  auto& names = opforge::names;
+  names.needs_input_grad = PyUnicode_InternFromString("needs_input_grad");
+  names.to_save = PyUnicode_InternFromString("to_save");
+  names.saved_tensors = PyUnicode_InternFromString("saved_tensors");
+  if (names.needs_input_grad == nullptr || names.to_save == nullptr || names.saved_tensors == nullptr) return nullptr;
   return PyModule_Create(&opforge_fast_module);
 }
 

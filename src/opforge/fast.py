@@ -180,7 +180,11 @@ def module() -> types.ModuleType | None:
 class Context:
     """The ``ctx`` of a fast-path call that records a gradient: what a spec's
     setup_context and backward use of torch's (save_for_backward,
-    saved_tensors, needs_input_grad, attributes)."""
+    saved_tensors, needs_input_grad, attributes). Its slots are read and
+    written by the fast path directly; what else setup_context sets goes to
+    its ``__dict__``."""
+
+    __slots__ = ("__dict__", "needs_input_grad", "saved_tensors", "to_save")
 
     def save_for_backward(self, *tensors: Any) -> None:
         self.to_save = tensors

@@ -341,14 +341,17 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     # background build finishes). An owner's operator is called through
     # torch.ops (or the owner's own function over it), so that is what
     # `opforge bench` times for it.
-    slot: list[Any] = [None]
+    # Until then (or for an operator it cannot call) a stand-in that always declines, so that a
+    # call reads one closure variable and tests nothing else.
+    fast: Any = _declined
 
     def bind(module: Any) -> None:
-        fast = module.fast_op(spec.qualname)
-        if fast is not None and spec.backward is not None and spec.setup_context is not None:
-            fast.set_autograd(spec.setup_context, spec.backward, Context)
-        slot[0] = fast
-        fn._opforge_fast = fast  # type: ignore[attr-defined]
+        nonlocal fast
+        bound = module.fast_op(spec.qualname)
+        if bound is not None and spec.backward is not None and spec.setup_context is not None:
+            bound.set_autograd(None if _does_nothing(spec.setup_context) else spec.setup_context, spec.backward, Context)
+        fast = bound if bound is not None else _declined
+        fn._opforge_fast = bound  # type: ignore[attr-defined]
 
     def dispatch(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -368,14 +371,12 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     is_compiling = torch.compiler.is_dynamo_compiling
 
     def fn(*args: Any, **kwargs: Any) -> Any:
-        # is_compiling() first: under Dynamo the slot is never read, so no guard is made on the
-        # fast path's object (a C++ one Dynamo cannot guard on, or None while it is attaching).
+        # is_compiling() first: under Dynamo `fast` is never read, so no guard is made on the
+        # fast path's object (a C++ one Dynamo cannot guard on).
         if not kwargs and not is_compiling():
-            fast = slot[0]
-            if fast is not None:
-                out = fast(*args)
-                if out is not NotImplemented:
-                    return out
+            out = fast(*args)
+            if out is not NotImplemented:
+                return out
         return dispatch(*args, **kwargs)
 
     fn._opforge_fast = None  # type: ignore[attr-defined]
@@ -387,6 +388,30 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
     fn.__signature__ = spec.signature()  # type: ignore[attr-defined]
     fn.__doc__ = f"{spec.doc.strip()}\n\nSchema: {spec.schema}\n"
     return fn
+
+
+def _nothing(ctx: Any, inputs: Any, output: Any) -> None:
+    pass
+
+
+def _does_nothing(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a plain function whose body is ``pass``: the fast path then skips calling it
+    (and building its ``inputs``) on every call that records a gradient."""
+    code = getattr(fn, "__code__", None)
+    ref = _nothing.__code__
+    return (
+        code is not None
+        and code.co_code == ref.co_code
+        and code.co_consts == ref.co_consts
+        and code.co_argcount == ref.co_argcount
+        and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        and getattr(fn, "__kwdefaults__", None) is None
+    )
+
+
+def _declined(*args: Any) -> Any:
+    """The fast path's place before it attaches: every call goes to the dispatcher."""
+    return NotImplemented
 
 
 _REGISTRY: dict[str, OpSpec] = {}
