@@ -132,7 +132,13 @@ def main() -> None:
             args_b = inputs(batch)
             want = model(*args_b)
             for name, fn in ways.items():
-                got = fn(*args_b)
+                try:
+                    got = fn(*args_b)
+                except RuntimeError as exc:  # a way that cannot run here is a row saying why, not the end of the table
+                    why = str(exc).strip().splitlines()[0][:300]
+                    results.append({"way": name, "batch": batch, "error": why})
+                    print(f"batch {batch:5d}  {name:14s} failed: {why}", flush=True)
+                    continue
                 equal = all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
                 timing = measure(lambda fn=fn, a=args_b: fn(*a), device, args.reps, args.steps)
                 results.append({"way": name, "batch": batch, "equal_to_eager": equal, **timing})

@@ -77,8 +77,9 @@ def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float
     two of the dtype's smallest subnormals: a kernel that flushes subnormals to
     zero is off there. Not in ordinary samples: a float16 matmul's sum of
     normal terms may land among the subnormals, with the error of the terms.
-    A zero where the reference is an exact zero must have its sign (-0 for +0
-    is off). Complex outputs are compared in complex128 (the error is the
+    There too, a zero where the reference is an exact zero must have its sign
+    (-0 for +0 is off); not in ordinary samples, where a sum's zero takes its sign
+    from the order of its terms. Complex outputs are compared in complex128 (the error is the
     modulus of the difference)."""
     if out.numel() == 0:
         return ErrorStats(0.0, 0.0, 0, 0, None)
@@ -97,7 +98,7 @@ def measure_error(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float
         if subnormals:
             subnormal = (r_out != 0) & (r_out.abs() < fi.tiny)
             bound = torch.where(subnormal, torch.minimum(bound, rtol * r.abs() + 2 * fi.tiny * fi.eps), bound)
-        wrong_sign = (o == 0) & (r == 0) & (torch.signbit(o) != torch.signbit(r))
+            wrong_sign = (o == 0) & (r == 0) & (torch.signbit(o) != torch.signbit(r))
     # A finite bound for finite values only: |finite - Inf| <= rtol * Inf would pass.
     bad = wrong_sign | ~(same | (torch.isfinite(o) & torch.isfinite(r) & (err <= bound)))
     rel = torch.where(err == 0, 0.0, err / r.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(nan=math.inf)

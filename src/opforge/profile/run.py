@@ -152,7 +152,7 @@ def _child_env() -> dict[str, str]:
     """This process's environment, with this opforge importable by the child
     whether it is installed or run from a checkout."""
     env = dict(os.environ)
-    src = str(Path(__file__).resolve().parent.parent)
+    src = str(Path(__file__).resolve().parents[2])  # src/ (or site-packages): above the opforge package
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if src not in paths:
         env["PYTHONPATH"] = os.pathsep.join([src, *paths])
