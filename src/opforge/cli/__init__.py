@@ -30,7 +30,7 @@ from opforge.cli.cache import cmd_cache_clean, cmd_cache_list
 from opforge.cli.check import check_failures, check_ops, cmd_check, cmd_list, run_check
 from opforge.cli.new import cmd_new
 from opforge.cli.render import bench_table, err, out, print_comparison
-from opforge.cli.targets import device_and_specs, fast_path_for_packages, library, pick_device, resolve_targets, specs_of
+from opforge.cli.targets import device_and_specs, fast_path_for_packages, forget_loaded, library, pick_device, resolve_targets, specs_of
 
 __all__ = [
     "BenchOptions",
@@ -204,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    forget_loaded()
     return args.fn(args)
 
 

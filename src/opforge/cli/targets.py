@@ -66,6 +66,12 @@ def loaded_targets() -> list[str]:
     return list(_LOADED)
 
 
+def forget_loaded() -> None:
+    """A new command starts with none: its checks' process loads what it named, not what an
+    earlier command in this process (a test's, a notebook's) did."""
+    _LOADED.clear()
+
+
 def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], bool]:
     """``names`` with each package directory (``opforge new``'s, a ``[tool.opforge]``
     table in its pyproject.toml) and each spec file (``FILE.py``, its ``SPECS``)
