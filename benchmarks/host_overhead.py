@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 import opforge
+from opforge.bench.machine import cpu_name
 
 ROUTES = ("opforge", "torch", "torch.ops")
 
@@ -158,16 +159,6 @@ def commit() -> str:
         return rev + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:
