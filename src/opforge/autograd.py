@@ -26,6 +26,8 @@ import torch.autograd.forward_ad as fwad
 from torch._library.autograd import Info, make_autograd_impl
 from torch._library.utils import fill_defaults
 
+from opforge import fast
+
 if TYPE_CHECKING:
     from opforge.spec import OpSpec
 
@@ -70,8 +72,6 @@ _FUNCTORCH_REFUSAL = "with functorch transforms"
 
 
 def _register_writes_arguments(spec: OpSpec) -> None:
-    from opforge import fast
-
     module = fast.module()
     if module is not None:
         module.writes_arguments(spec.qualname)
