@@ -10,6 +10,7 @@ import os
 
 def main() -> int:
     os.environ.setdefault("OPFORGE_NO_AUTOLOAD", "1")
+    # lazy: import time (importing opforge builds and loads the op library unless OPFORGE_NO_AUTOLOAD is set first)
     from opforge.cli import main as cli_main
 
     return cli_main()

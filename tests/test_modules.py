@@ -191,6 +191,77 @@ def test_cycle_finder_finds_cycles():
     assert _cycles(edges) == [["a", "b", "c"], ["e"]]
 
 
+def _function_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement inside a function body (any import, not only opforge's)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST, local: bool) -> None:
+        if local and isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def unexplained_local_imports(source: str) -> list[int]:
+    """The lines of imports inside functions that say not why: a ``# lazy: <reason>`` comment
+    on the import's line or on the line directly above it, which may head a run of imports."""
+    lines = source.splitlines()
+    imports = sorted(_function_imports(ast.parse(source)), key=lambda n: n.lineno)
+    ends = {n.end_lineno: n for n in imports}
+    headed: set[int] = set()  # under a comment line: it and the imports right after it
+    explained: set[int] = set()
+    for node in imports:
+        above = node.lineno - 1
+        if (above and lines[above - 1].strip().startswith("# lazy:")) or (above in ends and ends[above].lineno in headed):
+            headed.add(node.lineno)
+        if node.lineno in headed or "# lazy:" in lines[node.lineno - 1]:
+            explained.add(node.lineno)
+    return [n.lineno for n in imports if n.lineno not in explained]
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import inside a function hides a dependency from the module's top: it stays there
+    only for import time, an optional dependency or a script's constraint, and says which."""
+    sources = {**MODULES, "opforge_cli": PACKAGE.parent / "opforge_cli.py"}
+    found = [f"{path.relative_to(ROOT)}:{line}" for path in sources.values() for line in unexplained_local_imports(path.read_text())]
+    assert not found, "imports inside functions without a `# lazy: <reason>` comment (or move them to the top):\n" + "\n".join(
+        f"  {f}" for f in found
+    )
+
+
+def test_local_import_check_finds_an_unexplained_one(tmp_path):
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "import os\n"
+        "def f():\n"
+        "    import json\n"  # unexplained
+        "    # lazy: import time (torch._dynamo, 1.6 s)\n"
+        "    import torch._dynamo\n"
+        "    from torch.distributed.tensor import (\n"
+        "        Replicate,\n"
+        "    )\n"
+        "    x = 1\n"
+        "    import shutil  # lazy: optional dependency\n"
+        "    import re\n"  # a comment at the end of the line above covers that line only
+        "    # lazy: optional dependency\n"
+        "    x = 2\n"
+        "    import glob\n"  # the comment is not directly above
+        "    return lambda: __import__('sys')\n"
+        "class C:\n"
+        "    def m(self):\n"
+        "        from pathlib import Path\n"  # unexplained, in a method
+        "        return Path\n"
+    )
+    assert unexplained_local_imports(module.read_text()) == [3, 11, 14, 18]
+    explained = tmp_path / "explained.py"
+    explained.write_text("def f():\n    # lazy: optional dependency (matplotlib)\n    import matplotlib\n\n    return matplotlib\n")
+    assert unexplained_local_imports(explained.read_text()) == []
+
+
 # ------------------------------------------------------ (b) private names
 
 

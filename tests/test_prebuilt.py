@@ -154,10 +154,8 @@ def test_prebuilt_without_the_gpus_arch_is_not_loaded(fake_prebuilt, monkeypatch
     record = build_record(library_config(with_cuda=False))
     record.update(with_cuda=True, cuda_archs=["8.0", "9.0a"])
     monkeypatch.setattr(pb, "_gpu_capabilities", lambda: {"7.5"})
-    import opforge.builder.config as ob
-
     # The CUDA sources need not exist for this: the record says CPU sources.
-    monkeypatch.setattr(ob, "library_config", lambda with_cuda=None: library_config(with_cuda=False))
+    monkeypatch.setattr(pb, "library_config", lambda with_cuda=None: library_config(with_cuda=False))
     _write_record(fake_prebuilt, record)
     so, why = pb.choose_prebuilt()
     assert so is None and "7.5" in why and "8.0, 9.0a" in why

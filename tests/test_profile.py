@@ -309,7 +309,7 @@ def test_without_a_gpu_a_spec_file_is_resolved_then_one_line_says_what_is_missin
 
 def test_an_operator_of_a_spec_file_without_a_cuda_kernel_is_named(monkeypatch):
     project, _ = profile_cli._package_ops(str(SPEC_FILE))
-    monkeypatch.setattr("opforge.derive.has_kernel_for", lambda overload, device: device != "cuda")
+    monkeypatch.setattr(profile, "has_kernel_for", lambda overload, device: device != "cuda")
     assert profile._library_missing(project) == [f"a CUDA kernel for {MULADD} (none registered by what muladd_spec.py imports)"]
 
 

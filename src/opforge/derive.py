@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
 from opforge.spec import DEFAULT_TOLERANCES, FLOAT_DTYPES, BadInput, Cost, OpSpec, Sample, SampleFn, as_dtypes, default_tolerance
@@ -347,8 +348,6 @@ def _all_tensors(obj: Any) -> list[torch.Tensor]:
 def _outputs(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What ``op`` returns for these arguments: on fake tensors (nothing computed)
     where it has a fake kernel, else by calling it."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     try:
         with FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fake_args, fake_kwargs = tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))

@@ -31,6 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opforge.builder.cache import fast_build_log
+from opforge.builder.config import fast_config
+from opforge.builder.errors import BuildError
+from opforge.builder.jit import build_library, cache_root, cached_path, load_module
+
 _module: types.ModuleType | None = None
 #: Why the fast path is off, in words; empty while it is on (or not yet tried).
 why_off = ""
@@ -44,9 +49,6 @@ def _wanted() -> bool:
 
 
 def _cached() -> bool:
-    from opforge.builder.config import fast_config
-    from opforge.builder.jit import cached_path
-
     return cached_path(fast_config()) is not None
 
 
@@ -75,9 +77,6 @@ def _build_in_a_process() -> None:
     """Builds the module into the cache in a detached child process
     (it outlives this one); returns when it is done. Raises RuntimeError with
     the build's message when it fails."""
-    from opforge.builder.cache import fast_build_log
-    from opforge.builder.jit import cache_root
-
     log = fast_build_log(cache_root(), os.getpid())
     package_parent = str(Path(__file__).resolve().parents[1])
     env = {
@@ -99,10 +98,6 @@ def _build_in_a_process() -> None:
 def _build_main(log: str) -> None:
     """The build process: the module into the cache, quietly; its log removed
     when it worked (a failed build's log stays for whoever reads it)."""
-    from opforge.builder.config import fast_config
-    from opforge.builder.errors import BuildError
-    from opforge.builder.jit import build_library
-
     try:
         build_library(fast_config(), quiet=True)
     except (BuildError, OSError) as exc:
@@ -123,10 +118,6 @@ def _off(exc: BaseException) -> None:
 
 def _load(*, quiet: bool) -> types.ModuleType | None:
     global _module
-    from opforge.builder.config import fast_config
-    from opforge.builder.errors import BuildError
-    from opforge.builder.jit import load_module
-
     try:
         module, _ = load_module(fast_config(), quiet=quiet)
     except (BuildError, OSError, ImportError) as exc:

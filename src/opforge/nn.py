@@ -175,7 +175,7 @@ class QQQLinear(nn.Module):
             raise ValueError(f"QQQLinear: input must have {self.in_features} features in its last dimension, got shape {list(x.shape)}")
         a, s_tok = quantize_act_int8(x)
         if _k_sharded(self.w_packed):
-            from torch.distributed.tensor import Replicate  # a DTensor is at hand: DTensor is imported
+            from torch.distributed.tensor import Replicate  # lazy: import time (torch.distributed.tensor, 0.75 s; loaded here)
 
             # Row-parallel (opforge.parallel.RowwiseParallel): each rank's product over its share of
             # K is a partial sum. Reduced in float32, then rounded once to out_dtype, as on one device.

@@ -34,6 +34,7 @@ import importlib.machinery
 import sys
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,6 +92,7 @@ def _tensor_returns(spec: OpSpec) -> int:
 
 
 def _is_spec(x: Any) -> bool:
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding); a strategy runs after DTensor's import
     from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
     return isinstance(x, DTensorSpec)
@@ -109,6 +111,7 @@ def pointwise_rows(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any], *,
     """``"pointwise"``'s strategies for one call: every tensor argument and output in
     ``Shard(d)`` for each dim d, or all ``Replicate()``; all ``Partial()`` too when ``linear``.
     Tensors of different shapes (broadcasting) shard nowhere."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     names = [a.name for a in spec.schema.arguments]
@@ -179,6 +182,7 @@ def fixed_positions(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -
 def _strategy(spec: OpSpec, op_schema: Any) -> Any:
     """DTensor's strategy function for ``spec``: the declared strategies of this call
     expanded over the mesh, less those that would move an argument DTensor does not move."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding); a strategy runs after DTensor's import
     from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
@@ -220,6 +224,7 @@ def _strategy(spec: OpSpec, op_schema: Any) -> Any:
 def _schema_info(spec: OpSpec) -> Any:
     """Every non-tensor argument in DTensor's cache key (alpha, group_size, output_mask: they may
     change what the outputs are), and pytree flattening where a tensor list is an argument."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
     arguments = spec.schema.arguments
@@ -237,8 +242,7 @@ def _tensor_type(t: Any) -> bool:
 
 
 def _register_now(spec: OpSpec) -> None:
-    from functools import partial
-
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
     from torch.distributed.tensor import DTensor
 
     propagator = DTensor._op_dispatcher.sharding_propagator
@@ -340,6 +344,7 @@ def _remove_hook() -> None:
 
 def ensure_registered() -> None:
     """Imports DTensor and registers every pending strategy (for the check, which needs them now)."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s): loaded here on purpose, for the check
     import torch.distributed.tensor  # noqa: F401 - the hook (or the line below) registers them
 
     _flush()

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._library.custom_ops import _maybe_get_opdef
 
 from opforge import autograd, sharding
+from opforge import fast as fast_path
 from opforge.arguments import check_number_arguments, check_tensor_arguments, name_missing_tensors
+from opforge.fast import Context
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -321,8 +324,6 @@ def owner_has_autograd(op: torch._ops.OpOverload) -> bool:
     has an Autograd kernel, one that raises without a formula), or any other
     operator with an Autograd kernel of its own or a CompositeImplicitAutograd
     one (made of differentiable operators)."""
-    from torch._library.custom_ops import _maybe_get_opdef
-
     opdef = _maybe_get_opdef(op)
     if opdef is not None:
         return opdef._backward_fn is not None
@@ -333,9 +334,6 @@ def owner_has_autograd(op: torch._ops.OpOverload) -> bool:
 def _public_function(spec: OpSpec) -> Callable[..., Any]:
     """``opforge.<name>``: the eager fast path when it applies (opforge.fast),
     else the dispatcher (torch.ops), which also serves torch.compile and export."""
-    from opforge import fast as fast_path
-    from opforge.fast import Context
-
     op = spec.overload
     # The fast-path callable, set when the module attaches (now, or when its
     # background build finishes). An owner's operator is called through

@@ -13,9 +13,11 @@ def plot(report: BenchReport, path: Path) -> None:
     """Per op and dtype: bandwidth against size for streaming ops, with the
     measured copy bandwidth as the ceiling; TFLOP/s per case (bars) for
     compute-bound ops, with the measured matmul ceiling of the dtype."""
+    # lazy: import time (matplotlib.pyplot, 0.28 s, only for --plot)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: after matplotlib.use("Agg"), which must run before pyplot's import
     import matplotlib.pyplot as plt
 
     rows = [r for r in report.rows if r.status == "ok"]

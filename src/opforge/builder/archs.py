@@ -84,6 +84,7 @@ def present_archs() -> tuple[str, ...]:
     """The archs of this machine's GPUs, as ``normalise_archs`` gives them; () without any."""
     caps = _nvml_capabilities()
     if caps is None:
+        # lazy: CMake runs archs.py as a script before torch is found: neither torch nor opforge at its top
         import torch
 
         if torch.cuda.is_available():
@@ -163,6 +164,7 @@ def _nvml_capabilities() -> set[tuple[int, int]] | None:
     every GPU, ignoring CUDA_VISIBLE_DEVICES: a superset of archs, never a
     missing one.
     """
+    # lazy: CMake runs archs.py as a script before torch is found: neither torch nor opforge at its top
     from opforge import nvml
 
     found = nvml.query()

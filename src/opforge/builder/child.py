@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opforge.builder.symbols import demangle, referred_in
+
 #: A load runs the library's static initializers and imports torch: seconds, a minute on a loaded machine.
 LOAD_TIMEOUT_S = 300.0
 
@@ -168,8 +170,6 @@ def load_failure(stderr: str, returncode: int, path: Path, sources: Sequence[Pat
             message = lines[-1] if lines else f"exit status {returncode}"
     message = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", message)
     if m := re.search(r"undefined symbol: (\S+)", message):
-        from opforge.builder.symbols import demangle, referred_in
-
         symbol = demangle(m[1])
         callers = referred_in(symbol, sources)
         shown = ", ".join(c.relative_to(root).as_posix() if root is not None and c.is_relative_to(root) else str(c) for c in callers)

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from opforge.builder import toolchain
 from opforge.builder.config import env_cxxflags
 from opforge.builder.errors import BuildError
@@ -23,8 +25,6 @@ def build_cmake(folder: Path, *, say: Callable[[str], None] = print) -> list[Pat
     """Configures and builds ``folder``'s CMakeLists.txt; the shared libraries it
     made, none carrying its own libstdc++. ``say`` gets each step and each
     toolchain note. Raises BuildError with the tools' output on a failure."""
-    import torch
-
     if not (folder / "CMakeLists.txt").is_file():
         raise BuildError(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     if shutil.which("cmake") is None:

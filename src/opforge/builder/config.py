@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from opforge.builder.archs import cuda_archs, cuda_home, gencode_flags
+from opforge.builder.cuda_flag import build_cuda_flag
 from opforge.builder.discover import library_name, walk
 from opforge.builder.errors import BuildError
 from opforge.builder.recipe import BuildConfig
@@ -17,9 +18,6 @@ from opforge.builder.stable import FLOOR, target_flag
 
 #: opforge's own op library is on PyTorch's stable ABI: one build for every torch from this one on.
 LIBRARY_TARGET = FLOOR
-
-_YES = ("1", "true", "yes", "on")
-_NO = ("0", "false", "no", "off")
 
 
 def csrc_dir() -> Path:
@@ -30,22 +28,6 @@ def csrc_dir() -> Path:
         if (candidate / "ops").is_dir():
             return candidate
     raise BuildError(f"opforge: the C++ sources are missing (looked in {here / '_csrc'} and {here.parent.parent / 'csrc'})")
-
-
-def build_cuda_flag() -> bool | None:
-    """``OPFORGE_BUILD_CUDA``, the one place it is read: True or False when set
-    (1/0, true/false, yes/no, on/off, in any case), None when unset or empty.
-    Any other value is a BuildError: a typo must not quietly mean "off"."""
-    raw = os.environ.get("OPFORGE_BUILD_CUDA", "")
-    value = raw.strip().lower()
-    if not value:
-        return None
-    if value in _YES or value in _NO:
-        return value in _YES
-    raise BuildError(
-        f"opforge: OPFORGE_BUILD_CUDA={raw!r} is neither on nor off: set it to 1 or 0 (or true/false, yes/no, on/off), "
-        "or unset it for the default (CUDA kernels when torch has CUDA and nvcc is found)"
-    )
 
 
 def want_cuda(*, stable: bool = False) -> bool:

@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import torch
+
+from opforge.builder.archs import cuda_home
+from opforge.builder.config import build_cuda_flag, want_cuda
 from opforge.builder.discover import Layout, foreign_name, library_name, skipped_name
 from opforge.builder.user_pch import plan
 
@@ -15,11 +19,6 @@ from opforge.builder.user_pch import plan
 def cuda_unavailable() -> str | None:
     """Why this machine builds no CUDA kernels (as ``opforge.builder.want_cuda``
     decides), or None when it does."""
-    import torch
-
-    from opforge.builder.archs import cuda_home
-    from opforge.builder.config import build_cuda_flag, want_cuda
-
     if want_cuda():
         return None
     if build_cuda_flag() is False:

@@ -32,12 +32,14 @@ from pathlib import Path
 
 import torch
 
-from opforge.builder import toolchain
+from opforge.builder import stable, toolchain
+from opforge.builder.child import verify_load
 from opforge.builder.discover import CUDA_SUFFIXES
 from opforge.builder.errors import BuildError, explain_build_failure
 from opforge.builder.pch import Pch, precompiled_header
 from opforge.builder.progress import Progress
 from opforge.builder.recipe import BuildConfig, Library
+from opforge.builder.registrations import refuse_clashes
 from opforge.builder.store import cache_root, exclusive
 from opforge.builder.torch_flags import torch_cxx_flags
 
@@ -90,8 +92,6 @@ def load_library(cfg: BuildConfig, *, quiet: bool = False, verify: bool = False)
     """Builds ``cfg`` if needed, then loads it into torch.ops (TORCH_LIBRARY registrations run).
     ``verify``: a user's code, whose first load is tried in a new process first
     (``verify_first_load``): a registration error is a BuildError, not the end of this one."""
-    from opforge.builder.registrations import refuse_clashes
-
     lib = build_library(cfg, quiet=quiet)
     check_safe_to_load(lib.path)
     if verify:  # first: what the library does alone, then what it would clash with here
@@ -106,8 +106,6 @@ def verify_first_load(cfg: BuildConfig, path: Path, *, module: str = "") -> None
     ``path`` does not load in a new process (``opforge.builder.child.verify_load``;
     a library that loaded there once is not tried again). An undefined symbol is
     left to the caller's own load, whose error explains it."""
-    from opforge.builder.child import verify_load
-
     failure = verify_load(path, module=module, sources=cfg.sources, root=_common_root(cfg.sources))
     if failure is not None and "undefined symbol" not in failure:
         raise BuildError(f"opforge: {cfg.name}: built, but {failure}")
@@ -197,6 +195,7 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
     are reused or, where a compile did not finish, recompiled: ninja logs a
     step only once it completes and treats an output without a log entry as
     out of date."""
+    # lazy: import time (torch.utils.cpp_extension, 40 ms; `import opforge` loads this module)
     from torch.utils import cpp_extension
 
     start = time.perf_counter()
@@ -223,8 +222,6 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
         progress = Progress(objects, cfg.name, len(sources), len(cfg.sources), quiet=quiet)
         progress.start()
         if cfg.stable:
-            from opforge.builder import stable
-
             stable.build(cfg, objects, so_name, sources, tc, _pch_flags(cfg, pch), progress)
             seconds = time.perf_counter() - start
             progress.stop(ok=True, seconds=seconds)
@@ -412,6 +409,7 @@ def _check_toolchain(cfg: BuildConfig) -> None:
     """Clear errors for the missing tools torch would report obscurely."""
     if shutil.which("ninja") is None:
         try:  # the PyPI 'ninja' package, installed but its venv not activated
+            # lazy: optional dependency (the PyPI ninja package)
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
@@ -423,6 +421,7 @@ def _check_toolchain(cfg: BuildConfig) -> None:
     if cfg.with_cuda and cfg.stable:
         toolchain.check_stable_nvcc()
     elif cfg.with_cuda:
+        # lazy: import time (torch.utils.cpp_extension, 40 ms; `import opforge` loads this module)
         from torch.utils.cpp_extension import CUDA_HOME
 
         nvcc = Path(CUDA_HOME or "") / "bin" / "nvcc"

@@ -36,7 +36,14 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
+from opforge.builder.archs import arch_number, cuda_archs, cuda_home, gencode_flags
+from opforge.builder.config import build_cuda_flag, want_cuda
+from opforge.builder.describe import cuda_unavailable
 from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, HEADER_SUFFIXES
+from opforge.builder.errors import BuildError
+from opforge.builder.jit import BuildConfig, build_library, cache_root
 from opforge.builder.kernel_builder_layout import (
     REGISTRATION_H,
     Variant,
@@ -47,6 +54,11 @@ from opforge.builder.kernel_builder_layout import (
     write_variant,
 )
 from opforge.builder.kernel_builder_toml import BUILD_TOML, BUILT_BACKENDS, Kernel, KernelBuilderError, Project, read_project
+from opforge.builder.package import write_generated
+from opforge.builder.stable import target_flag
+from opforge.builder.store import exclusive
+from opforge.builder.toolchain import nvcc_version
+from opforge.elf_symbols import read_dynamic_symbols
 
 #: The macro each backend's build defines (kernel-builder's), which torch_binding.cpp tests.
 _DEFINES = {"cpu": ("-DCPU_KERNEL",), "cuda": ("-DCUDA_KERNEL", "-DUSE_CUDA=1")}
@@ -74,8 +86,6 @@ def _arch_base(arch: str) -> str:
 
 def _kernel_archs(kernel: Kernel, targets: Sequence[str], where: Path) -> tuple[str, ...]:
     """The archs of ``targets`` that the kernel's cuda-capabilities allow (all where it lists none)."""
-    from opforge.builder.archs import arch_number
-
     if not kernel.cuda_capabilities:
         return tuple(targets)
     try:
@@ -95,12 +105,6 @@ def _listed(paths: Sequence[Path], project: Project, most: int = 6) -> str:
 
 def _cuda_reason(stable: bool) -> str | None:
     """Why CUDA kernels are not built here (as opforge.builder.want_cuda decides), or None when they are."""
-    import torch
-
-    from opforge.builder.archs import cuda_home
-    from opforge.builder.config import build_cuda_flag, want_cuda
-    from opforge.builder.describe import cuda_unavailable
-
     if want_cuda(stable=stable):
         return None
     reason = cuda_unavailable() or "OPFORGE_BUILD_CUDA"
@@ -113,13 +117,8 @@ def _cuda_reason(stable: bool) -> str | None:
 def _cuda_version(stable: bool) -> str | None:
     """The CUDA a build's kernels are for: torch's (its libraries are linked), or,
     on the stable ABI (the CUDA runtime linked statically), nvcc's."""
-    import torch
-
     if not stable:
         return torch.version.cuda
-    from opforge.builder.archs import cuda_home
-    from opforge.builder.toolchain import nvcc_version
-
     home = cuda_home()
     return nvcc_version(home / "bin" / "nvcc") if home is not None else None
 
@@ -141,11 +140,6 @@ def plan(root: Path) -> Plan:
     machine can build, and the lines that say it all, skipped backends and
     left-out kernels included. Raises KernelBuilderError for a build.toml that
     cannot be built as written, BuildError for an OPFORGE_BUILD_CUDA it cannot honour."""
-    from opforge.builder.archs import cuda_archs, gencode_flags
-    from opforge.builder.jit import BuildConfig, cache_root
-    from opforge.builder.package import write_generated
-    from opforge.builder.stable import target_flag
-
     project = read_project(root)
     toml = project.root / BUILD_TOML
     lines = [f"opforge build: {project.root}"]
@@ -175,8 +169,6 @@ def plan(root: Path) -> Plan:
         if own_registration.is_file()
         else f"  registration.h: generated ({registration})"
     )
-    import torch
-
     here = torch_release()
     for bound, word, ok in ((project.minver, "minver", lambda v: here >= v), (project.maxver, "maxver", lambda v: here <= v)):
         if bound and not ok(release(bound)[:2]):
@@ -328,10 +320,6 @@ def _needs_torch_cuda(library: Path) -> list[str]:
     """The shim functions a stable-ABI library calls that libtorch_cpu does not
     define (libtorch_cuda's: the current CUDA stream), where torch has no
     libtorch_cuda to link it against; [] where it has, or the library calls none."""
-    import torch
-
-    from opforge.elf_symbols import read_dynamic_symbols
-
     torch_lib = Path(torch.__file__).parent / "lib"
     if (torch_lib / "libtorch_cuda.so").is_file():
         return []
@@ -344,8 +332,6 @@ def _needs_torch_cuda(library: Path) -> list[str]:
 
 def _preferred(variants: Sequence[Variant]) -> Variant:
     """The build this machine's torch runs: CUDA where torch has CUDA and it was built, else CPU."""
-    import torch
-
     by_backend = {v.backend: v for v in variants}
     if torch.version.cuda is not None and "cuda" in by_backend:
         return by_backend["cuda"]
@@ -356,12 +342,6 @@ def build_project(root: Path, *, say: Callable[[str], None]) -> Result:
     """Plans (``plan``, its lines said first), builds each variant through the
     engine, writes each variant folder and places this machine's build in
     ``torch-ext/<name>/``. Raises KernelBuilderError or BuildError."""
-    import torch
-
-    from opforge.builder.errors import BuildError
-    from opforge.builder.jit import build_library, cache_root
-    from opforge.builder.store import exclusive
-
     p = plan(root)
     for line in p.lines:
         say(line)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     from opforge.builder.kernel_builder import Result
 
@@ -62,8 +64,6 @@ class Check:
 
 def loadable_backends() -> set[str]:
     """The backends kernels' loader takes on this machine: cpu, and cuda where torch has CUDA."""
-    import torch
-
     return {"cpu", *(("cuda",) if torch.version.cuda is not None else ())}
 
 

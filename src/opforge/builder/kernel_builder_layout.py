@@ -15,8 +15,11 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from opforge.builder.discover import extension_suffix
 from opforge.builder.kernel_builder_toml import Project
+from opforge.builder.package import place_library
 
 if TYPE_CHECKING:
     from opforge.builder.jit import BuildConfig
@@ -93,8 +96,6 @@ def release(text: str) -> tuple[int, ...]:
 
 def torch_release() -> tuple[int, int]:
     """This torch's (major, minor)."""
-    import torch
-
     major, minor = release(torch.__version__)[:2]
     return major, minor
 
@@ -110,8 +111,6 @@ def variant_name(backend: str, *, cuda: str | None = None, stable: str = "") -> 
     """kernel-builder's name for a build on this machine and torch:
     ``torch213-cxx11-cpu-x86_64-linux``, ``torch213-cxx11-cu130-x86_64-linux``,
     or, on the stable ABI, ``torch-stable-abi211-cpu-x86_64-linux``."""
-    import torch
-
     compute = "cpu" if backend == "cpu" else "cu" + "".join(str(p) for p in release(cuda or "")[:2])
     if stable:
         major, minor = release(stable)[:2]
@@ -227,8 +226,6 @@ def place_in_torch_ext(project: Project, variant: Variant, library: Path) -> boo
     """The build in ``torch-ext/<name>/``, beside its ``_ops.py`` (written
     unless the project's own is there), earlier builds' libraries removed;
     returns whether the project's own ``_ops.py`` was kept."""
-    from opforge.builder.package import place_library
-
     place_library(library, project.package / variant.library_name)
     for stale in _stale_libraries(project.package, project, keep=variant.library_name):
         stale.unlink(missing_ok=True)

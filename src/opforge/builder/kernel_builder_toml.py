@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.builder.discover import DiscoveryError
+from opforge.builder.stable import parse_target
 
 BUILD_TOML = "build.toml"
 #: The backends opforge builds; the others a build.toml may name are skipped, and said.
@@ -89,9 +90,11 @@ class Project:
 
 def _load_toml(path: Path) -> dict[str, Any]:
     try:
+        # lazy: optional dependency (tomllib from Python 3.11, tomli before)
         import tomllib  # type: ignore[import-not-found,unused-ignore]
     except ModuleNotFoundError:  # Python 3.10
         try:
+            # lazy: optional dependency (tomli, for Python 3.10)
             import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
         except ModuleNotFoundError:
             raise KernelBuilderError(f"{path}: reading it needs the tomli package on Python 3.10 (`pip install tomli`)") from None
@@ -211,8 +214,6 @@ def read_project(root: Path) -> Project:
         raise KernelBuilderError(
             f'{where}: [torch] stable-abi must be a torch version in quotes ("2.11") or a table of one per backend, got {stable!r}'
         )
-    from opforge.builder.stable import parse_target
-
     for b, target in stable_abi.items():
         try:
             parse_target(target)

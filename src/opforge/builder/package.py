@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opforge.builder.archs import cuda_archs, gencode_flags
+from opforge.builder.child import load_failure, run_bounded
+from opforge.builder.config import env_cxxflags, want_cuda
 from opforge.builder.discover import DiscoveryError, Layout, Package
+from opforge.builder.errors import BuildError
+from opforge.builder.jit import BuildConfig, cache_root
+from opforge.builder.user_pch import with_torch_pch
+from opforge.elf_symbols import ElfError, read_dynamic_symbols
 
 if TYPE_CHECKING:
     from opforge.builder.jit import BuildConfig
@@ -47,12 +54,6 @@ def package_config(layout: Layout, *, with_cuda: bool | None = None) -> BuildCon
     (TORCH_EXTENSION_NAME too, so a ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``
     defines PyInit__C), with an empty PyInit__C added where no source defines one.
     A pybind11 module with another name is refused: Python would not find its init."""
-    from opforge.builder.archs import cuda_archs, gencode_flags
-    from opforge.builder.config import env_cxxflags, want_cuda
-    from opforge.builder.errors import BuildError
-    from opforge.builder.jit import BuildConfig, cache_root
-    from opforge.builder.user_pch import with_torch_pch
-
     package = layout.package
     if package is None:
         raise DiscoveryError(f"{layout.root}: no package here imports a compiled _C (from . import _C in its __init__.py)")
@@ -174,8 +175,6 @@ def try_import(
     ``namespaces`` and, per module, its public names) or (False, the end of the
     error; one line, naming the one of ``sources`` that made it, for a library
     whose loading ended the process: a registration error, a throwing static initializer)."""
-    from opforge.builder.child import load_failure, run_bounded
-
     path = [str(w) for w in dict.fromkeys(where)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (*path, os.environ.get("PYTHONPATH")) if p)}
     listed = [[m, str(lib), has_module_init(lib, m)] for m, lib in modules]
@@ -197,8 +196,6 @@ def has_module_init(library: Path, module: str) -> bool:
     an import calls: a library of TORCH_LIBRARY code alone (a CppExtension with
     no PYBIND11_MODULE) defines none, and is loaded with torch.ops.load_library.
     True where its symbols cannot be read: the import then says what is wrong."""
-    from opforge.elf_symbols import ElfError, read_dynamic_symbols
-
     try:
         return f"PyInit_{module.rsplit('.', 1)[-1]}" in read_dynamic_symbols(library, reader="elf").defined
     except (ElfError, OSError, ValueError):

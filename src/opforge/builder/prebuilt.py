@@ -12,6 +12,7 @@ now, with CUDA kernels for the GPUs here.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import json
 import os
@@ -20,10 +21,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from opforge import nvml
 from opforge.builder.archs import arch_covered
+from opforge.builder.config import library_config, want_cuda
 from opforge.builder.errors import BuildError, load_reason
-from opforge.builder.jit import BuildConfig, Library, check_safe_to_load
-from opforge.elf_symbols import ElfError, check_complete
+from opforge.builder.jit import BuildConfig, Library, check_safe_to_load, load_library
+from opforge.builder.registrations import refuse_clashes
+from opforge.builder.stable import parse_target
+from opforge.elf_symbols import ElfError, check_complete, demangle
 
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;
 #: or the path of a library built by another route (CMake), loaded as opforge's own.
@@ -40,8 +47,6 @@ def explain_load_error(path: Path, message: str) -> str:
             "imported: `import torch` before loading it (opforge.load_library does), or build it with an rpath to torch/lib"
         )
     if "undefined symbol" in message:
-        from opforge.elf_symbols import demangle
-
         mangled = message.rsplit("undefined symbol:", 1)[-1].strip().split(",")[0].strip()
         symbol = demangle([mangled]).get(mangled, mangled)
         if not symbol.startswith(("c10::", "at::", "torch::", "caffe2::", "_ZN3c10", "_ZN2at", "_ZN5torch")):
@@ -75,10 +80,6 @@ def load_library_file(path: str | Path) -> Path:
     no operator this process has already (a second copy of a library, or one
     built by another route, would abort it); loader errors come back as a
     BuildError naming the cause and the fix."""
-    import torch
-
-    from opforge.builder.registrations import refuse_clashes
-
     p = Path(path).resolve()
     if not p.is_file():
         raise BuildError(f"opforge: no library at {p}")
@@ -134,8 +135,6 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
     Python. Either must come from ``sources`` as they are now (an editable
     install whose sources were edited since must rebuild; None: not checked),
     with CUDA kernels for every GPU here when this machine could build them."""
-    from opforge.builder.config import want_cuda
-
     if not so.is_file():
         return False, "no prebuilt library (it is built by `pip install --no-build-isolation .`)"
     record_path = so.with_name("_C.build.json")
@@ -143,8 +142,6 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
         record = json.loads(record_path.read_text())
     except (OSError, ValueError) as exc:
         return False, f"the prebuilt {so.name} has no readable build record {record_path.name} ({exc})"
-    import torch
-
     target = record.get("stable")
     if target:
         ok, why = _fits_torch(so, str(target), torch.__version__)
@@ -172,8 +169,6 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
 
 def _fits_torch(so: Path, target: str, version: str) -> tuple[bool, str]:
     """Whether torch ``version`` is the stable-ABI ``target`` or newer, by major.minor."""
-    from opforge.builder.stable import parse_target
-
     try:
         wanted = parse_target(target)
     except ValueError:
@@ -188,8 +183,6 @@ def _fits_torch(so: Path, target: str, version: str) -> tuple[bool, str]:
 
 def choose_prebuilt() -> tuple[Path | None, str]:
     """opforge's own prebuilt library if it fits (``prebuilt_fits``), else None; the reason, in words."""
-    from opforge.builder.config import library_config
-
     mode = library_mode()
     if mode in ("jit", "file"):
         return None, f"OPFORGE_LIBRARY={os.environ['OPFORGE_LIBRARY'].strip()}"
@@ -199,8 +192,6 @@ def choose_prebuilt() -> tuple[Path | None, str]:
 
 
 def _gpu_capabilities() -> set[str]:
-    from opforge import nvml
-
     found = nvml.query()
     return {g.capability for g in found[0]} if found else set()
 
@@ -210,8 +201,6 @@ _covered = arch_covered  # the name older callers and tests use
 
 def load_prebuilt(so: Path) -> Library:
     """Loads a prebuilt library into torch.ops (an installed package's may belong to root)."""
-    import torch
-
     check_safe_to_load(so, in_cache=False, root_ok=True)
     check_mappable(so)
     torch.ops.load_library(str(so))
@@ -224,8 +213,6 @@ def load_prebuilt(so: Path) -> Library:
 def load_op_library() -> Library:
     """opforge's op library: the one ``OPFORGE_LIBRARY`` names, else the
     prebuilt one when it fits, else the JIT build."""
-    from opforge.builder.config import library_config
-
     named = library_file()
     if named is not None:
         return load_named_library(named)
@@ -235,10 +222,6 @@ def load_op_library() -> Library:
 def load_named_library(path: Path) -> Library:
     """A library of opforge's operators built by another route (CMake), as
     ``OPFORGE_LIBRARY=<path>`` asks; with CUDA kernels if it registered any."""
-    import hashlib
-
-    import torch
-
     if not path.is_file():
         raise BuildError(f"opforge: OPFORGE_LIBRARY={path} names no file; build it (CMake: build/libopforge_ops.so) or unset it")
     p = load_library_file(path)
@@ -253,8 +236,6 @@ def load_package_library(so: Path, sources: SourcesConfig | None, *, what: str) 
     prebuilt ``so`` when it fits (``prebuilt_fits``; ``OPFORGE_LIBRARY``
     forces either way), else the JIT build of ``sources(None)``. A path in
     ``OPFORGE_LIBRARY`` names opforge's own library: a package chooses as in auto."""
-    from opforge.builder.jit import load_library
-
     mode = library_mode()
     ok, why = (False, "OPFORGE_LIBRARY=jit") if mode == "jit" else prebuilt_fits(so, sources)
     if ok:

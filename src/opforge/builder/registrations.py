@@ -16,6 +16,9 @@ import os
 import re
 from pathlib import Path
 
+import torch
+import torch.library
+
 from opforge.builder.errors import BuildError
 from opforge.elf_symbols import ElfError, is_elf, symbol_table_names
 
@@ -68,8 +71,6 @@ def _already_mapped(path: Path) -> bool:
     """Whether this process has ``path`` loaded already, by torch.ops.load_library
     or as a Python extension module: dlopen then hands back that copy (it
     knows a file by device and inode), and nothing registers again."""
-    import torch
-
     if any(_same_file(path, Path(p)) for p in torch.ops.loaded_libraries):
         return True
     try:
@@ -89,8 +90,6 @@ def _already_mapped(path: Path) -> bool:
 def _namespace_held(ns: str) -> str | None:
     """None when a TORCH_LIBRARY(ns) could be defined now; else where the one
     already defined was registered, as the dispatcher says ("" if it does not)."""
-    import torch.library
-
     try:
         probe = torch.library.Library(ns, "DEF")
     except (RuntimeError, ValueError) as exc:
@@ -103,8 +102,6 @@ def _namespace_held(ns: str) -> str | None:
 
 def _holders(ns: str, path: Path) -> list[str]:
     """The libraries loaded into torch.ops that define operators of ``ns``."""
-    import torch
-
     held = []
     for other in sorted(torch.ops.loaded_libraries):
         regs = torch_library_registrations(Path(other))
@@ -118,8 +115,6 @@ def registration_clashes(path: Path) -> list[tuple[str, list[str], str | None]]:
     process: the namespace, its operators already registered, and (for a
     TORCH_LIBRARY whose namespace is taken) where the first one was defined.
     Empty when it loads cleanly."""
-    import torch
-
     if not is_elf(path) or _already_mapped(path):
         # No library (the loader says why), or the copy already loaded, which
         # dlopen hands back: nothing registers again.
@@ -155,8 +150,6 @@ def registers_nothing(path: Path, ops_before: set[str]) -> bool:
     (``torch._C._dispatch_get_all_op_names()`` before loading it): operators
     registered with torch::RegisterOperators, the API before TORCH_LIBRARY,
     leave no symbol of their own."""
-    import torch
-
     if torch_library_registrations(path):
         return False
     return set(torch._C._dispatch_get_all_op_names()) <= ops_before

@@ -31,10 +31,23 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from opforge.builder.archs import (
+    ALL_ARCHS_VAR,
+    cuda_archs,
+    gencode_archs,
+    gencode_flags,
+    narrow_gencode,
+    narrowed,
+    parse_arch_list,
+    present_archs,
+)
 from opforge.builder.child import run_bounded
+from opforge.builder.config import env_cxxflags
 from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
+from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig
 from opforge.builder.package_init import abi3_suffix
+from opforge.builder.user_pch import with_torch_pch
 
 #: A setup.py mostly declares: a minute covers importing torch on a loaded machine.
 READ_TIMEOUT_S = 120.0
@@ -298,17 +311,6 @@ def cuda_targets(ext: SetupExtension, *, all_archs: bool = False) -> tuple[tuple
     built, when every GPU here is among them: a wheel needs them all, a build
     in place runs here. ``all_archs`` (``--all-archs``, ``OPFORGE_ALL_ARCHS=1``)
     builds all of them; with no archs asked, this machine's GPUs' (``cuda_archs``)."""
-    from opforge.builder.archs import (
-        ALL_ARCHS_VAR,
-        cuda_archs,
-        gencode_archs,
-        gencode_flags,
-        narrow_gencode,
-        narrowed,
-        parse_arch_list,
-        present_archs,
-    )
-
     own = any(f.startswith(_ARCH_FLAGS) for f in ext.nvcc_flags)
     asked = gencode_archs(ext.nvcc_flags) if own else parse_arch_list(ext.arch_list)
     if not asked and own:  # a single -arch flag, which chooses one arch: as the project says
@@ -347,10 +349,6 @@ def extension_config(ext: SetupExtension, *, with_cuda: bool, all_archs: bool = 
     macros, include and library folders as declared, then ``OPFORGE_CXXFLAGS``;
     CUDA sources only with ``with_cuda``, for the archs ``cuda_targets`` gives.
     The library is named by the module's last part (``_C``)."""
-    from opforge.builder.config import env_cxxflags
-    from opforge.builder.errors import BuildError
-    from opforge.builder.user_pch import with_torch_pch
-
     if ext.dlink:
         raise BuildError(
             f"opforge: {ext.name} asks for a device link step (dlink=True), which opforge's engine does not run; build with pip"

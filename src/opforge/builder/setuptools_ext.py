@@ -23,7 +23,9 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,10 +34,14 @@ import torch
 from setuptools import Extension
 from setuptools.errors import CompileError
 from torch.utils.cpp_extension import BuildExtension as _TorchBuildExtension
+from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-from opforge.builder.errors import BuildError
-from opforge.builder.jit import BuildConfig
+from opforge.builder import toolchain
+from opforge.builder.config import folder_config, library_config
+from opforge.builder.errors import BuildError, explain_build_failure
+from opforge.builder.jit import BuildConfig, build_library
 from opforge.builder.prebuilt import STABLE_SUFFIX
+from opforge.builder.store import cache_root, exclusive
 
 #: Beside the library: ``_C.abi3.so`` (or ``_C.<python abi>.so``) and ``_C.build.json``.
 RECORD_SUFFIX = ".build.json"
@@ -50,8 +56,6 @@ def extension(cfg: BuildConfig, name: str, setup_dir: Path) -> Extension:
     plain Extension for the limited API (file ``<name>.abi3.so``), which
     ``BuildExtension`` builds through opforge's stable route; any other a
     CppExtension (CUDAExtension for a CUDA config) that torch builds."""
-    from torch.utils.cpp_extension import CppExtension, CUDAExtension
-
     sources = [os.path.relpath(s, setup_dir) for s in cfg.sources]
     if cfg.stable:
         # The sources are listed for setuptools (an sdist carries them); the flags are cfg's alone.
@@ -133,8 +137,6 @@ class BuildExtension(_TorchBuildExtension):
     libstdc++ statically is replaced as on the JIT route."""
 
     def run(self) -> None:
-        from opforge.builder import toolchain
-
         torch_built = [e for e in self.extensions if not _is_stable(e)]
         if not torch_built:  # the stable route resolves the compilers itself, as the JIT route does
             super().run()
@@ -198,8 +200,6 @@ class BuildExtension(_TorchBuildExtension):
     def _build_stable(self, ext: Extension, cfg: BuildConfig) -> None:
         """``cfg`` built by the JIT route's stable builder into a cache under
         build_temp, then copied to the extension's path."""
-        from opforge.builder.jit import build_library
-
         # TORCH_EXTENSION_NAME is the module's own name: a package's library may have a
         # module init (PyInit__C) to be imported by, as well as loaded into torch.ops.
         named = dataclasses.replace(cfg, extension_name=ext.name.rsplit(".", 1)[-1])
@@ -222,13 +222,6 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
     ``pip install`` would) into the cache; returns the library. Built once per
     content hash, under the cache's lock, in a subprocess: setuptools keeps
     global state and prints, and a failed build must not take this process down."""
-    import subprocess
-    import time
-
-    from opforge.builder.config import folder_config
-    from opforge.builder.errors import explain_build_failure
-    from opforge.builder.store import cache_root, exclusive
-
     cfg = folder_config(folder)
     out = cache_root() / f"setuptools-{cfg.name}-{cfg.key()[:16]}"
     # The same completion marker as a JIT entry: `opforge cache` lists and cleans both alike.
@@ -274,8 +267,6 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
 
 def library_extension(setup_dir: Path) -> Extension:
     """opforge's own op library as ``opforge._C``."""
-    from opforge.builder.config import library_config
-
     return extension(library_config(), "opforge._C", setup_dir)
 
 

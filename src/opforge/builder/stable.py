@@ -27,8 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
+from opforge.builder.archs import cuda_home
 from opforge.builder.discover import CUDA_SUFFIXES
 from opforge.builder.errors import BuildError, explain_build_failure
+from opforge.builder.torch_flags import torch_cxx_flags
 
 if TYPE_CHECKING:
     from opforge.builder.jit import BuildConfig
@@ -79,8 +83,6 @@ def write_ninja(
     extension_name: str,
 ) -> Path:
     """``build.ninja`` for ``sources`` -> ``<so_name>.so`` in ``build_dir``; its path."""
-    import torch
-
     torch_lib = Path(torch.__file__).parent / "lib"
     includes = [f"-I{d}" for d in include_dirs]
     # torch's flags carry its include paths, -fPIC, the C++ standard and the C++ ABI macro.
@@ -163,9 +165,6 @@ def build(
 ) -> None:
     """Builds ``cfg`` (a stable config) into ``objects/<so_name>.so``: the ninja
     file, then ninja; a failure is a BuildError that leads with the compiler's errors."""
-    from opforge.builder.archs import cuda_home
-    from opforge.builder.torch_flags import torch_cxx_flags
-
     host = tc.cuda_host.use if tc.cuda_host is not None and tc.cuda_host.fell_back else os.environ.get("CUDAHOSTCXX")
     try:
         write_ninja(

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from opforge.builder.binding import strip_comments
-from opforge.builder.config import build_cuda_flag
+from opforge.builder.cuda_flag import build_cuda_flag
 from opforge.builder.errors import BuildError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

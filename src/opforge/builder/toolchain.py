@@ -151,6 +151,7 @@ def find_ninja() -> tuple[str, str] | None:
     if found:
         return found, "PATH"
     try:
+        # lazy: optional dependency (the PyPI ninja package)
         import ninja
     except ImportError:
         return None

@@ -17,6 +17,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+import torch
+
 from opforge.builder import store
 
 _FORMAT = "1"
@@ -26,7 +28,7 @@ def torch_cxx_flags() -> list[str]:
     """torch's own C++ flags for a JIT build, without the per-library
     ``-DTORCH_EXTENSION_NAME`` (the precompiled headers don't use it) and
     without the caller's extra flags, which follow them on the command line."""
-    import torch
+    # lazy: import time (torch.utils.cpp_extension, 40 ms; `import opforge` loads this module)
     from torch.utils import cpp_extension
 
     where = [str(Path(torch.__file__).parent), sys.implementation.cache_tag, sysconfig.get_path("include")]

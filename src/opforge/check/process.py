@@ -32,10 +32,12 @@ from typing import Any
 
 import torch
 
+import opforge
 from opforge.check.run import check_op
 from opforge.check.steps import CheckResult, device_healthy, watching
 from opforge.check.values import poisoned_allocations
-from opforge.spec import OpSpec
+from opforge.project import resolve_target
+from opforge.spec import OpSpec, get_specs
 
 # Per step: the longest one of the library's own checks is a torch.compile of
 # forward and backward, 10-30 s on two busy cores; a kernel that hangs is
@@ -85,16 +87,13 @@ def child_main() -> None:
     the checks and writes each step and result to the pipe."""
     job: _Job = pickle.load(sys.stdin.buffer)
     fd = job.fd
-    import opforge
-    from opforge.project import resolve_target
-    from opforge.spec import get_specs
-
     if job.loads.own_library:
         opforge.load(wait_fast=job.loads.wait_fast)
     for target in job.loads.targets:
         resolve_target(target)
     # What the first steps would import (inductor, through the deterministic mode that poisons
     # allocations: 3-5 s on two cores; opcheck's tests): before the time limit starts counting.
+    # lazy: import time (torch._dynamo 1.6 s, torch.testing._internal.optests 1.55 s): the child's, before its time limit counts
     import torch._dynamo
     import torch.testing._internal.optests
 

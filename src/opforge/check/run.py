@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from opforge.check.export import check_export
 from opforge.check.grad import check_compile, check_gradcheck, check_gradgradcheck
@@ -316,8 +317,6 @@ def check_opcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
 def fake_call(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """The call as torch.compile traces it: through the fake kernel, on fake
     tensors (one per real tensor, so that aliased inputs stay aliased)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     mode = FakeTensorMode()
     memo: dict[int, Any] = {}
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.utils._mode_utils import no_dispatch
 
 from opforge import sharding
@@ -81,11 +82,10 @@ def describe_strategy(spec: OpSpec, outs: Sequence[Any], ins: Sequence[Any], pos
 @contextlib.contextmanager
 def simulated_mesh(ranks: int) -> Iterator[Any]:
     """A 1-D mesh of ``ranks`` ranks in this process: a fake process group and LocalTensorMode."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         raise Unavailable("a process group is initialised in this process already")
     try:
+        # lazy: optional dependency (LocalTensorMode, absent from older torch)
         from torch.distributed._local_tensor import LocalTensorMode
         from torch.distributed.device_mesh import init_device_mesh
     except ImportError as exc:  # pragma: no cover - torch without LocalTensorMode
@@ -99,7 +99,7 @@ def simulated_mesh(ranks: int) -> Iterator[Any]:
 
 
 def _local(pieces: Sequence[torch.Tensor]) -> Any:
-    from torch.distributed._local_tensor import LocalTensor
+    from torch.distributed._local_tensor import LocalTensor  # lazy: optional dependency (not in older torch)
 
     return LocalTensor({r: p for r, p in enumerate(pieces)})
 
@@ -108,7 +108,7 @@ def split(t: torch.Tensor, placement: Any, ranks: int, gen: torch.Generator) -> 
     """Each rank's piece of ``t`` under ``placement``, as DTensor cuts it (torch.chunk, empty
     shards past the end), and the global tensor they stand for: ``t``, or for ``Partial``
     the sum of random pieces (as DTensor's reduction adds them, rank by rank)."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor import Partial, Replicate, Shard  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     if isinstance(placement, Replicate):
         return [t.clone() for _ in range(ranks)], t
@@ -127,7 +127,7 @@ def split(t: torch.Tensor, placement: Any, ranks: int, gen: torch.Generator) -> 
 
 
 def _to_dtensor(pieces: Sequence[torch.Tensor], mesh: Any, placement: Any, global_t: torch.Tensor) -> Any:
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     return DTensor.from_local(_local(pieces), mesh, [placement], run_check=False, shape=global_t.shape, stride=global_t.stride())
 
@@ -135,7 +135,7 @@ def _to_dtensor(pieces: Sequence[torch.Tensor], mesh: Any, placement: Any, globa
 def assemble(pieces: Sequence[torch.Tensor], placement: Any, like: torch.Tensor) -> torch.Tensor | None:
     """The global tensor ``pieces`` stand for under ``placement`` (``like``: the reference, for
     its shape), or None where they cannot be that (a shard of another size than DTensor's)."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor import Partial, Replicate, Shard  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     if any(p.dtype != pieces[0].dtype for p in pieces):
         return None
@@ -231,6 +231,7 @@ def sharding_check(spec: OpSpec, device: torch.device, seed: int, CheckResult: C
 
 def _arg_specs(spec: OpSpec, sample: Sample, mesh: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The call's arguments as DTensor shows them to a strategy function: tensors as specs."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s)
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
@@ -244,7 +245,7 @@ def _arg_specs(spec: OpSpec, sample: Sample, mesh: Any) -> tuple[tuple[Any, ...]
 
 def _shardable(spec_args: Sequence[Any], ins: Sequence[Any], positions: Sequence[int], ranks: int) -> bool:
     """DTensor's own rule (is_tensor_shardable): a dimension it shards has at least one element per rank."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Shard  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     return all(not isinstance(ins[i], Shard) or spec_args[i].shape[ins[i].dim] >= ranks for i in positions)
 
@@ -369,7 +370,7 @@ def _run_strategy(
 
 def _partial_slack(o: Any, rtol: float) -> float:
     """A Partial output is a sum of pieces, each rounded on its rank: rtol of the pieces' sizes more."""
-    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor import Partial  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     if not isinstance(o.placements[0], Partial) or not o.is_floating_point():
         return 0.0
@@ -392,7 +393,7 @@ def _pieces_slack(pieces: Sequence[torch.Tensor], rtol: float) -> float:
 
 
 def _candidates(t: torch.Tensor) -> list[Any]:
-    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor import Partial, Replicate, Shard  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     out: list[Any] = [Replicate(), *(Shard(d) for d in range(t.dim()))]
     if t.is_floating_point():
@@ -452,7 +453,7 @@ def _try_placements(
 def search_undeclared(spec: OpSpec, samples: Sequence[Sample], gen: torch.Generator) -> list[str]:
     """Input placements (one mesh dimension) that nobody declared but that give the reference on
     the first sample at 2 ranks and on the next sample at 2 and 4 ranks (where it fits)."""
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     names = [a.name for a in spec.schema.arguments]
     sample = samples[0]
@@ -485,7 +486,7 @@ def search_undeclared(spec: OpSpec, samples: Sequence[Sample], gen: torch.Genera
 
 def _confirm(spec: OpSpec, samples: Sequence[Sample], positions: Sequence[int], ins: dict[int, Any], gen: torch.Generator) -> bool:
     """The same placements on the other samples (same tensor arguments and ranks), at 2 and 4 ranks where they shard."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Shard  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     for sample in samples:
         by_pos = sharding.by_position(spec, sample.args, dict(sample.kwargs))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.deterministic as det
 
 from opforge.spec import OpSpec, Sample
 
@@ -33,8 +34,6 @@ def tensors(obj: Any) -> list[torch.Tensor]:
 def poisoned_allocations() -> Iterator[None]:
     """While active, ``torch.empty`` (and ``at::empty`` inside our kernels) fill
     floating tensors with NaN, so unwritten output elements cannot pass."""
-    import torch.utils.deterministic as det
-
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     was_fill = det.fill_uninitialized_memory

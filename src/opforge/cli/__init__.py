@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from opforge import __version__
 from opforge.cli import abi, doctor, profile
 from opforge.cli.args import (
     Parser,
@@ -63,8 +64,6 @@ __all__ = [
 
 
 def _version() -> str:
-    from opforge import __version__
-
     return __version__
 
 

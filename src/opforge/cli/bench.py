@@ -9,8 +9,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.markup import escape
 
+from opforge import fast
 from opforge.cli.args import output_file, pick_seed, usage_error
 from opforge.cli.build import print_library
 from opforge.cli.check import check_failures, check_notes, check_ops
@@ -46,8 +48,7 @@ def _case_key(name: str) -> tuple[int, str]:
 def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, *, verified: Sequence[str] = ()) -> Any:
     """The report of every op's cases, a line per case as each is timed.
     ``verified``: qualified names whose reference and bad-input checks have just passed (not run again)."""
-    import torch
-
+    # lazy: import time (opforge.bench, 29 ms; opforge.cli.report, 37 ms): every opforge command loads this module
     from opforge.bench import ceilings
     from opforge.bench import run as bench
     from opforge.cli.report import COMPILE_NOT_ON_CPU, Steps, row_line
@@ -101,6 +102,7 @@ def bench_ops(specs: Sequence[Any], device: Any, seed: int, opts: BenchOptions, 
 def write_outputs(report: Any, opts: BenchOptions) -> bool:
     """The files asked for (JSON, CSV, plot) and the comparison with an earlier
     run; False if that comparison found a regression."""
+    # lazy: import time (opforge.bench, 29 ms): every opforge command loads this module
     from opforge.bench import ceilings
     from opforge.bench import run as bench
 
@@ -121,6 +123,7 @@ def write_outputs(report: Any, opts: BenchOptions) -> bool:
 def print_notes(report: Any) -> None:
     """Why a baseline has no timing, once per op, where it is not simply left out; what
     the run changed (ceilings measured again); then the report's warnings (a busy CPU)."""
+    # lazy: import time (opforge.cli.report, 37 ms): every opforge command loads this module
     from opforge.cli.report import COMPILE_NOT_ON_CPU
 
     notes = {(r.op, impl, note) for r in report.rows for impl, note in r.notes.items() if note != COMPILE_NOT_ON_CPU}
@@ -183,6 +186,7 @@ def _run_options(args: argparse.Namespace) -> BenchOptions:
     """The main job's cases: by default each op's largest case in the dtypes
     that matter on the device, torch.compile on a GPU only; ``--full``: every
     case of the sweeps, every dtype, torch.compile everywhere."""
+    # lazy: import time (opforge.bench, 29 ms): every opforge command loads this module
     from opforge.bench.run import BENCH_DTYPES
 
     full = args.full
@@ -196,7 +200,7 @@ def _run_options(args: argparse.Namespace) -> BenchOptions:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """The main job: build, check, benchmark; one summary table at the end."""
-    from opforge import fast
+    # lazy: import time (opforge.check, 20 ms; opforge.cli.report, 37 ms): every opforge command loads this module
     from opforge.check.run import CHECKS
     from opforge.cli.report import SummaryOp, summary_table
 

@@ -9,9 +9,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from opforge import load_library as load_library_file
+from opforge.builder.archs import all_archs_asked, cuda_archs
+from opforge.builder.binding import read_binding
+from opforge.builder.child import verify_load
+from opforge.builder.cmake import build_cmake
+from opforge.builder.config import folder_config, want_cuda
+from opforge.builder.describe import cuda_unavailable, describe
+from opforge.builder.discover import DiscoveryError, discover, walk
+from opforge.builder.errors import BuildError, load_reason
+from opforge.builder.jit import build_library, load_library
+from opforge.builder.kernel_builder_check import check
+from opforge.builder.parallel import build_libraries
+from opforge.builder.registrations import registers_nothing
+from opforge.builder.symbols import undefined_symbol_error
+from opforge.builder.user_pch import plan, with_torch_pch
 from opforge.cli.args import usage_error
 from opforge.cli.render import err, out
 from opforge.cli.targets import library, resolve_targets
+from opforge.project import ProjectError, find_project, project_library
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -20,8 +38,6 @@ def cmd_build(args: argparse.Namespace) -> int:
         if dry_run:
             usage_error("opforge build: --dry-run needs the folder to plan (opforge build PATH --dry-run)")
         return print_library()
-    from opforge.project import ProjectError, find_project
-
     try:
         project = find_project(args.path) if args.path.is_dir() else None
     except ProjectError as exc:
@@ -34,8 +50,6 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def build_project(path: Path) -> int:
-    from opforge.project import project_library
-
     names, _, _ = resolve_targets([str(path)])
     lib = project_library(path)
     if lib is not None:
@@ -64,19 +78,8 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
     stop; nothing compiles and no code of the folder runs. Otherwise the
     folder's code runs, as pip would run it (setup.py, an __init__.py, CMake,
     static initializers)."""
-    import torch
-
-    from opforge import load_library as load_library_file
-    from opforge.builder.archs import all_archs_asked, cuda_archs
-    from opforge.builder.config import folder_config
-    from opforge.builder.describe import cuda_unavailable, describe
-    from opforge.builder.discover import DiscoveryError, discover
-    from opforge.builder.errors import BuildError, load_reason
+    # lazy: import time (opforge.builder.inline, 4 ms): every opforge command loads this module
     from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
-    from opforge.builder.jit import load_library
-    from opforge.builder.registrations import registers_nothing
-    from opforge.builder.symbols import undefined_symbol_error
-    from opforge.builder.user_pch import with_torch_pch
 
     try:
         layout = discover(path)
@@ -99,6 +102,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
     for line in describe(layout, route=route, cuda_reason=reason, cuda_archs=archs):
         out.print(line, highlight=False, markup=False)
     if dry_run:
+        # lazy: import time (opforge.builder.plan, 5 ms): every opforge command loads this module
         from opforge.builder.plan import plan_lines
 
         for line in plan_lines(layout, route, setup_py=setup_py):
@@ -146,6 +150,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
                 return _registered_nothing(folder, lib.path)
             out.print(f"{folder.name}: {lib.path} (inline; loaded into torch.ops)")
         elif route == "setuptools":
+            # lazy: import time (opforge.builder.setuptools_ext, 42 ms, setuptools): every opforge command loads this module
             from opforge.builder.setuptools_ext import build_folder as build_with_setuptools
 
             so = build_with_setuptools(folder)
@@ -171,8 +176,7 @@ def _build_package(layout: Any) -> int:
     into the cache, the library copied into the package as _C<EXT_SUFFIX> (as
     ``build_ext --inplace`` leaves it), then ``import <package>`` tried in a new
     process, as its user will run it."""
-    from opforge.builder.discover import DiscoveryError
-    from opforge.builder.jit import build_library
+    # lazy: import time (opforge.builder.package, 3 ms): every opforge command loads this module
     from opforge.builder.package import package_config, place_in_package
 
     package = layout.package
@@ -206,9 +210,8 @@ def _imports(
     operators they registered; an undefined symbol that a CUDA source left
     out (``left_out``) would define is said so (``macro``: what the build
     defines only with CUDA, "" where opforge defines none)."""
-    from opforge.builder.discover import walk
+    # lazy: import time (opforge.builder.package, 3 ms): every opforge command loads this module
     from opforge.builder.package import has_module_init, try_import
-    from opforge.builder.symbols import undefined_symbol_error
 
     sources = walk(root).sources
     ok, found = try_import(modules, where, namespaces, sources, root)
@@ -243,15 +246,9 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
     where ``build_ext --inplace`` puts it; then, all in place, imported in one
     new process, as their users will (a package whose __init__ imports every
     one of them needs all of them there)."""
-    from opforge.builder.binding import read_binding
-    from opforge.builder.config import want_cuda
-    from opforge.builder.describe import cuda_unavailable
-    from opforge.builder.discover import DiscoveryError
-    from opforge.builder.errors import BuildError
+    # lazy: import time (opforge.builder.package, 3 ms; opforge.builder.setup_py, 6 ms): every opforge command loads this module
     from opforge.builder.package import place_library
-    from opforge.builder.parallel import build_libraries
     from opforge.builder.setup_py import cuda_targets, extension_config, import_root, inplace_target, read
-    from opforge.builder.user_pch import plan
 
     root = layout.root
 
@@ -307,10 +304,6 @@ def verify_library(so: Path, folder: Path) -> None:
     """A library built from ``folder`` by a route of its own (setuptools, CMake)
     loaded in a new process first (``opforge.builder.child.verify_load``): a
     registration error, or a loader error, is a BuildError in one line."""
-    from opforge.builder.child import verify_load
-    from opforge.builder.discover import walk
-    from opforge.builder.errors import BuildError
-
     tree = walk(folder)
     failure = verify_load(so, sources=tree.sources, root=tree.root)
     if failure is not None:
@@ -331,10 +324,6 @@ def _registered_nothing(folder: Path, so: Path) -> int:
 
 def _build_cmake(folder: Path) -> int:
     """The CMake route (opforge.builder.cmake), then every shared library it made loaded."""
-    from opforge import load_library
-    from opforge.builder.cmake import build_cmake
-    from opforge.builder.errors import BuildError
-
     if not (folder / "CMakeLists.txt").is_file():
         usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     try:
@@ -349,7 +338,7 @@ def _build_cmake(folder: Path) -> int:
         err.print(str(exc), highlight=False, markup=False)
         return 1
     for so in libs:
-        load_library(so)
+        load_library_file(so)
         out.print(f"{folder.name}: {so} (cmake; loaded into torch.ops)")
     return 0
 
@@ -357,9 +346,8 @@ def _build_cmake(folder: Path) -> int:
 def _build_kernel_builder(root: Path) -> int:
     """A Hugging Face kernel-builder project (opforge.builder.kernel_builder):
     each backend built and placed, then imported as its users import it."""
-    from opforge.builder.errors import BuildError
+    # lazy: import time (opforge.builder.kernel_builder, 14 ms): every opforge command loads this module
     from opforge.builder.kernel_builder import build_project
-    from opforge.builder.kernel_builder_check import check
     from opforge.builder.kernel_builder_toml import KernelBuilderError
 
     def say(line: str) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 
 from rich.table import Table
 
+from opforge.builder import cache
+from opforge.builder.errors import BuildError
+from opforge.builder.jit import cache_root
 from opforge.cli.render import out
 
 
@@ -14,12 +18,6 @@ def _mib(n: int) -> str:
 
 
 def cmd_cache_list(args: argparse.Namespace) -> int:
-    import datetime
-
-    from opforge.builder import cache
-    from opforge.builder.errors import BuildError
-    from opforge.builder.jit import cache_root
-
     try:
         found = cache.entries()
     except BuildError as exc:
@@ -45,9 +43,6 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clean(args: argparse.Namespace) -> int:
-    from opforge.builder import cache
-    from opforge.builder.errors import BuildError
-
     try:
         removed, busy = cache.clean(args.older_than)
         logs = cache.clean_failed_build_logs(args.older_than)

@@ -11,9 +11,11 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+import opforge
+from opforge import fast
 from opforge.cli.args import pick_seed, usage_error
 from opforge.cli.render import err, out
-from opforge.cli.targets import pick_device, resolve_targets, specs_of
+from opforge.cli.targets import loaded_targets, pick_device, resolve_targets, specs_of
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -43,6 +45,7 @@ def check_ops(
     (opforge.check.process), which a kernel may kill or hang without ending
     this one; ``in_process`` (default: OPFORGE_CHECK_IN_PROCESS=1 in the
     environment, as compute-sanitizer's runs set it) runs them here instead."""
+    # lazy: import time (opforge.check, 20 ms; opforge.cli.report, 37 ms): every opforge command loads this module
     from opforge.check.process import DEFAULT_TIME_LIMIT_S, run_checks
     from opforge.check.run import check_op
     from opforge.cli.report import Steps, check_cell
@@ -86,10 +89,8 @@ def check_ops(
 
 def _loads() -> Any:
     """What the checks' process loads to find the operators: what this one did."""
-    import opforge
-    from opforge import fast
+    # lazy: import time (opforge.check, 20 ms): every opforge command loads this module
     from opforge.check.process import Loads
-    from opforge.cli.targets import loaded_targets
 
     return Loads(own_library=opforge.library is not None, wait_fast=fast.module() is not None, targets=loaded_targets())
 
@@ -123,6 +124,7 @@ def run_check(
     time_limit: float | None = None,
     in_process: bool | None = None,
 ) -> bool:
+    # lazy: import time (opforge.cli.report, 37 ms): every opforge command loads this module
     from opforge.cli.report import check_table, worst_table
 
     names, projects_cuda, own_library = resolve_targets(names)
@@ -151,6 +153,7 @@ def run_check(
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    # lazy: import time (opforge.check, 20 ms): every opforge command loads this module
     from opforge.check.run import CHECKS
 
     checks = None if args.checks is None else [c.strip() for c in args.checks.split(",")]

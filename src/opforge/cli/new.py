@@ -6,11 +6,10 @@ import argparse
 
 from opforge.cli.args import usage_error
 from opforge.cli.render import out
+from opforge.project import ProjectError, names_a_path, scaffold
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from opforge.project import ProjectError, names_a_path, scaffold
-
     try:
         if args.torch_min is not None and not args.stable_abi:
             usage_error("opforge new: --torch-min goes with --stable-abi")

@@ -12,6 +12,7 @@ from opforge.console import out as out
 
 
 def bench_table(report) -> Any:  # noqa: ANN001
+    # lazy: import time (opforge.cli.report, 37 ms): every opforge command loads this module
     from opforge.cli.report import bench_table as table
 
     return table(report)
@@ -19,6 +20,7 @@ def bench_table(report) -> Any:  # noqa: ANN001
 
 def print_comparison(old, new) -> bool:  # noqa: ANN001
     """Ratio per case against an earlier run; False if anything regressed beyond the spread."""
+    # lazy: import time (opforge.bench, 29 ms): every opforge command loads this module
     from opforge.bench.run import compare
 
     rows = compare(old, new)

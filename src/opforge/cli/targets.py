@@ -8,12 +8,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+import opforge
+from opforge.builder.errors import BuildError
 from opforge.cli.args import usage_error
 from opforge.cli.render import err, out
+from opforge.derive import describe, has_kernel_for
+from opforge.project import ProjectError, TargetNotFound, names_a_path, project_library, resolve_target
+from opforge.spec import get_specs
 
 if TYPE_CHECKING:
-    import torch
-
     from opforge.builder.jit import Library
     from opforge.spec import OpSpec
 
@@ -24,9 +29,6 @@ def library(*, wait_fast: bool = True) -> Library:
     user's calls run; a build failure is a message, not a traceback.
     ``wait_fast=False``: the fast path attaches when its build ends (the main job
     starts its checks meanwhile and waits only before timing)."""
-    import opforge
-    from opforge.builder.errors import BuildError
-
     try:
         return opforge.load(wait_fast=wait_fast)
     except BuildError as exc:
@@ -39,8 +41,6 @@ def pick_device(
 ) -> torch.device:
     """``projects_cuda``: whether each package directory's library has CUDA kernels (auto picks the CPU if one has not);
     ``own_library``: opforge's op library is in play (not when every operator asked for is a package's)."""
-    import torch
-
     if own_library:
         library(wait_fast=wait_fast)
     without = sorted(d for d, cuda in (projects_cuda or {}).items() if not cuda)
@@ -79,10 +79,6 @@ def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], b
     which ``opforge profile`` uses too); per directory or file, whether its operators
     have CUDA kernels; and whether opforge's own op library is needed (no names, or
     a name that is neither). A spec file's report says what was derived from the schema."""
-    from opforge.builder.errors import BuildError
-    from opforge.derive import describe, has_kernel_for
-    from opforge.project import ProjectError, TargetNotFound, project_library, resolve_target
-
     expanded: list[str] = []
     cuda: dict[str, bool] = {}
     for n in names:
@@ -114,9 +110,6 @@ def resolve_targets(names: Sequence[str]) -> tuple[list[str], dict[str, bool], b
 
 def specs_of(names: Sequence[str], *, own_library: bool = True, wait_fast: bool = True) -> list[OpSpec]:
     """The specs of ``names`` (all, for none); a name of no operator is a usage error."""
-    from opforge.project import names_a_path
-    from opforge.spec import get_specs
-
     if own_library:
         library(wait_fast=wait_fast)
     try:
@@ -133,9 +126,6 @@ def fast_path_for_packages() -> None:
     user's process (where importing the package imports opforge, which loads its
     library and the fast path's module): both are loaded before the packages
     are. Without them they are timed through torch.ops."""
-    import opforge
-    from opforge.builder.errors import BuildError
-
     try:
         opforge.load(wait_fast=True)
     except BuildError as exc:
@@ -146,8 +136,6 @@ def fast_path_for_packages() -> None:
 
 def device_and_specs(names: Sequence[str], device_name: str, *, wait_fast: bool = True) -> tuple[Any, list[Any]]:
     """The device and the specs of ``names`` (package directories loaded); ``wait_fast``: as ``library``'s."""
-    from opforge.project import names_a_path
-
     if any(names_a_path(n) and Path(n).is_dir() for n in names):
         fast_path_for_packages()
     names, projects_cuda, own_library = resolve_targets(names)

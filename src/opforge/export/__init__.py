@@ -18,6 +18,7 @@ torch.export and Inductor are imported when these functions run, not with opforg
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -29,6 +30,9 @@ from typing import Any
 
 import torch
 
+import opforge
+from opforge.builder.jit import cache_root
+from opforge.builder.registrations import torch_library_registrations
 from opforge.export.shims import ShimLibrary, build_shim_library, plan
 
 # Namespaces whose operators Inductor calls through its own C shims or kernels.
@@ -70,9 +74,6 @@ def op_libraries(ops: Sequence[torch._ops.OpOverload]) -> list[Path]:
     """The loaded op libraries that register the namespaces of ``ops`` (read from each
     library's symbol table, as opforge's clash check reads it). A RuntimeError names an
     operator whose namespace no loaded library registers (a Python ``torch.library`` operator)."""
-    import opforge
-    from opforge.builder.registrations import torch_library_registrations
-
     loaded = {str(p) for p in torch.ops.loaded_libraries}
     if opforge.library is not None:
         loaded.add(str(opforge.library.path))
@@ -116,6 +117,7 @@ def package(
     """Exports ``model`` on ``args`` (an ExportedProgram is taken as it is), compiles it with
     AOTInductor into ``path`` (a ``.pt2``) and puts in it the op libraries it needs and, with
     ``shims``, the C shim library its compiled code calls."""
+    # lazy: import time (torch._inductor, 1.1 s, only for AOTInductor packages)
     import torch._inductor
 
     path = Path(path)
@@ -142,8 +144,6 @@ def package(
     with _library_path(shim_lib.path.parent) if shim_lib else contextlib.nullcontext():
         # The shim library must be loaded for Inductor to load the model it compiled (its DT_NEEDED entry).
         if shim_lib is not None:
-            import ctypes
-
             ctypes.CDLL(str(shim_lib.path))
         torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
     carried = [*libraries, *([shim_lib.path] if shim_lib else [])]
@@ -166,8 +166,6 @@ def _archive_root(names: Sequence[str]) -> str:
 
 
 def _add_libraries(path: Path, libraries: Sequence[Path], ops: Sequence[torch._ops.OpOverload], shim_lib: ShimLibrary | None) -> None:
-    from opforge.builder.registrations import torch_library_registrations
-
     with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_STORED) as z:
         root = _archive_root(z.namelist())
         entries = []
@@ -197,8 +195,6 @@ def manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
 def extract_libraries(path: str | os.PathLike[str], directory: str | os.PathLike[str] | None = None) -> list[tuple[Path, str]]:
     """The package's libraries written out (into ``directory``, by default a folder of opforge's
     build cache named by their digest), each with its role, in the order to load them."""
-    from opforge.builder.jit import cache_root
-
     info = manifest(path)
     libs = info["libraries"]
     if directory is None:
@@ -234,8 +230,7 @@ def load(path: str | os.PathLike[str], *, directory: str | os.PathLike[str] | No
     """The packaged model, ready to call: its op libraries loaded first (each one whose
     operators this process does not have yet), then its C shim library, then the model
     (``torch._inductor.aoti_load_package``)."""
-    import ctypes
-
+    # lazy: import time (torch._inductor, 1.1 s, only for AOTInductor packages)
     import torch._inductor
 
     info = manifest(path)

@@ -32,6 +32,10 @@ from pathlib import Path
 
 import torch
 
+from opforge.builder.config import LIBRARY_TARGET
+from opforge.builder.jit import BuildConfig, build_library, cache_root
+from opforge.builder.stable import target_flag
+
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 #: Exported by every shim library: how many shim calls it served (what proves that a package ran no proxy).
 COUNTER = "opforge_aoti_shim_calls"
@@ -260,10 +264,6 @@ class ShimLibrary:
 
 def build_shim_library(shims: list[Shim], *, quiet: bool = True) -> ShimLibrary:
     """The shim library of ``shims``, built once into opforge's build cache (named by its source's digest)."""
-    from opforge.builder.config import LIBRARY_TARGET
-    from opforge.builder.jit import BuildConfig, build_library, cache_root
-    from opforge.builder.stable import target_flag
-
     source = shims_source(shims)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     name = f"opforge_aoti_shims_{digest}"

@@ -310,6 +310,7 @@ def _jvp(inputs, tangents, output):  # noqa: ANN001, ANN202
 
 def _sharding(a: Any, b: Any) -> list[tuple[list[Any], list[Any]]]:
     """The matmul strategies, so that column- and row-parallel layers compose."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     R, P = Replicate(), Partial()

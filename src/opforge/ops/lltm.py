@@ -395,6 +395,7 @@ TOLERANCES_BACKWARD: dict[torch.dtype, tuple[float, float]] = {
 def _sharding_forward(*args: Any) -> list[tuple[list[Any], list[Any]]]:
     """input, old_h and old_cell sharded over the batch, weights and bias replicated: each rank
     computes its rows of new_h, new_cell and gates."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
     from torch.distributed.tensor import Replicate, Shard
 
     R, B = Replicate(), Shard(0)
@@ -404,6 +405,7 @@ def _sharding_forward(*args: Any) -> list[tuple[list[Any], list[Any]]]:
 def _sharding_backward(*args: Any) -> list[tuple[list[Any], list[Any]]]:
     """Batch-sharded: d_old_h, d_input and d_old_cell are rows of the batch; d_weights and
     d_bias are sums over it, a partial sum on each rank."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     R, B, P = Replicate(), Shard(0), Partial()

@@ -451,6 +451,7 @@ def _sharding(a: Any, w_packed: Any, s_tok: Any, s_ch: Any, s_group: Any = None,
     and row-parallel (a, the weight's units and the group scales' rows along K, s_tok of the whole
     rows replicated: each rank's output a partial sum). Only where the mesh divides the stripes,
     units and groups evenly: a rank's share of K must be whole units and groups, a's share too."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     R = Replicate()

@@ -37,19 +37,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from rich.table import Table
+
+import opforge
 
 # The parsers and command lines live in their own modules; `X as X` names the
 # ones this module re-exports without using them, for `from opforge.profile.run import ...`.
 from opforge.console import err, out
+from opforge.derive import has_kernel_for
 from opforge.profile.ncu import METRICS as METRICS
 from opforge.profile.ncu import kernel_table, ncu_command, ncu_import_command, parse_ncu_csv, short_kernel_name
 from opforge.profile.sanitizer import SANITIZER_TOOLS, parse_sanitizer, sanitizer_command
 from opforge.profile.sanitizer import parse_sanitizer_summary as parse_sanitizer_summary
+from opforge.project import load_project, load_spec_file, project_library
+from opforge.spec import get_specs
 
 if TYPE_CHECKING:
-    import torch
-
     from opforge.spec import OpSpec, Sample
 
 
@@ -97,8 +101,6 @@ def find_tool(name: str) -> str | None:
 
 def _missing(tool: str) -> tuple[str | None, list[str]]:
     """The tool's path, and what is missing for a GPU run (empty when nothing is)."""
-    import torch
-
     missing = []
     if not torch.cuda.is_available():
         missing.append("a CUDA GPU (torch.cuda.is_available() is False)")
@@ -121,20 +123,13 @@ def _library_missing(project: Path | None = None) -> list[str]:
     ``project`` (already loaded by the caller); what is missing for CUDA.
     A spec file's operators need a CUDA kernel each."""
     if project is not None and project.suffix == ".py":
-        from opforge.derive import has_kernel_for
-        from opforge.project import load_spec_file
-
         lacking = [s.qualname for s in load_spec_file(project) if not has_kernel_for(s.overload, "cuda")]
         return [f"a CUDA kernel for {', '.join(lacking)} (none registered by what {project.name} imports)"] if lacking else []
     if project is not None:
-        from opforge.project import project_library
-
         lib = project_library(project)
         if lib is None or not lib.with_cuda:
             return [f"the CUDA kernels of {project}'s op library (no .cu kernel, no nvcc, or OPFORGE_BUILD_CUDA=0)"]
         return []
-    import opforge
-
     if not opforge.load().with_cuda:
         return ["the op library's CUDA kernels (it was built without nvcc, or with OPFORGE_BUILD_CUDA=0)"]
     return []
@@ -180,8 +175,6 @@ class CaseInfo:
 
 
 def _sample_numel(sample: Sample) -> int:
-    import torch
-
     return sum(a.numel() for a in sample.args if isinstance(a, torch.Tensor))
 
 
@@ -203,8 +196,6 @@ def select_case(cases: Sequence[CaseInfo], requested: str | None) -> CaseInfo:
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    import torch
-
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -226,11 +217,7 @@ def _report_path(op: str, case: str, dtype: str) -> Path:
 def _resolve(spec_name: str, project: Path | None = None) -> OpSpec:
     """The spec of ``spec_name``: a package's or spec file's (``project``, loaded
     by the caller), else one of opforge's library, which this loads first."""
-    from opforge.spec import get_specs
-
     if project is None:
-        import opforge
-
         opforge.load()
     try:
         return get_specs([spec_name])[0]
@@ -243,8 +230,7 @@ def profile_op(spec_name: str, case: str | None, dtype: str, full: bool, *, proj
     a table, one row per kernel. ``project``: the op is one of that package's
     (``opforge new``'s) or spec file's, already loaded. Returns the exit status
     (2: a wrong operator, dtype or case, or cannot run here)."""
-    import torch
-
+    # lazy: import time (opforge.check, 20 ms; the opforge command loads this module)
     from opforge.check.run import generator
 
     ncu, missing = _missing("ncu")
@@ -367,18 +353,12 @@ def run_case(op: str, case: str, dtype: str, *, seed: int = RUN_SEED, warmup: in
     """Builds one benchmark case on CUDA and calls the op once between
     cudaProfilerStart and cudaProfilerStop, after ``warmup`` calls. ``project``:
     the package directory or spec file whose operator ``op`` is (loaded instead of opforge's library)."""
-    import torch
-
-    import opforge
+    # lazy: import time (opforge.check, 20 ms; the opforge command loads this module)
     from opforge.check.run import generator
 
     if project is not None and project.endswith(".py"):
-        from opforge.project import load_spec_file
-
         load_spec_file(project)
     elif project is not None:
-        from opforge.project import load_project
-
         load_project(project)
     else:
         opforge.load()
