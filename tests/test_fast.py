@@ -317,3 +317,64 @@ def test_only_a_setup_context_that_does_nothing_is_skipped():
     assert out.grad_fn.name() == "opforge::addBackward"
     out.backward(torch.ones(4))
     torch.testing.assert_close(x.grad, torch.full((4,), 2.0))
+
+
+def test_a_setup_context_that_only_saves_one_tensor_is_recognised():
+    from opforge.spec import _saves_one
+
+    def output(ctx, inputs, result):
+        ctx.save_for_backward(result)
+
+    def second(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
+
+    assert _saves_one(output) == "output" and _saves_one(SPECS["sigmoid"].setup_context) == "output"
+    assert _saves_one(second) == 1 and _saves_one(SPECS["square"].setup_context) == 0
+    for other in (
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs[-1]),
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs[True]),
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs[0], output),
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs),
+        lambda ctx, inputs, output: ctx.save(output),
+        SPECS["axpby"].setup_context,
+        SPECS["add"].setup_context,
+        print,
+    ):
+        assert _saves_one(other) is None
+
+
+@pytest.mark.parametrize("saves", ["output", 0, 1])
+def test_a_recognised_setup_context_is_not_called_and_its_backward_gets_the_saved_tensor(saves, seed):
+    from opforge.fast import Context, fast_op
+
+    fast = fast_op("opforge::axpby")
+    assert fast is not None
+    calls = []
+
+    def setup_context(ctx, inputs, output):  # what `saves` says it does; counted if called
+        calls.append(1)
+        ctx.save_for_backward(output if saves == "output" else inputs[saves])
+
+    def backward(ctx, grad):
+        (kept,) = ctx.saved_tensors
+        seen.append((ctx.needs_input_grad, kept))
+        return grad * 2.0, grad * -1.0, None, None
+
+    fast.set_autograd(setup_context, backward, Context, saves)
+    g = generator(torch.device("cpu"), seed)
+    for wants_x, wants_y in ((True, False), (False, True), (True, True)):
+        seen: list = []
+        x = torch.randn(5, generator=g).requires_grad_(wants_x)
+        y = torch.randn(5, generator=g).requires_grad_(wants_y)
+        out = fast(x, y, 2.0, -1.0)
+        torch.testing.assert_close(out, 2.0 * x.detach() - y.detach())
+        out.backward(torch.randn(5, generator=g))
+        (needs, kept), *rest = seen
+        assert not rest and needs == (wants_x, wants_y, False, False)
+        want = out if saves == "output" else (x, y)[saves]
+        torch.testing.assert_close(kept, want.detach(), rtol=0, atol=0)
+    assert calls == []
+    with pytest.raises(ValueError, match="saves=2 is not a required tensor argument"):
+        fast.set_autograd(setup_context, backward, Context, 2)
+    with pytest.raises(TypeError, match="saves must be None"):
+        fast.set_autograd(setup_context, backward, Context, 1.5)

@@ -349,7 +349,8 @@ def _public_function(spec: OpSpec) -> Callable[..., Any]:
         nonlocal fast
         bound = module.fast_op(spec.qualname)
         if bound is not None and spec.backward is not None and spec.setup_context is not None:
-            bound.set_autograd(None if _does_nothing(spec.setup_context) else spec.setup_context, spec.backward, Context)
+            setup = None if _does_nothing(spec.setup_context) else spec.setup_context
+            bound.set_autograd(setup, spec.backward, Context, _saves_one(spec.setup_context))
         fast = bound if bound is not None else _declined
         fn._opforge_fast = bound  # type: ignore[attr-defined]
 
@@ -407,6 +408,46 @@ def _does_nothing(fn: Callable[..., Any]) -> bool:
         and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
         and getattr(fn, "__kwdefaults__", None) is None
     )
+
+
+def _save_output(ctx: Any, inputs: Any, output: Any) -> None:
+    ctx.save_for_backward(output)
+
+
+def _save_input(ctx: Any, inputs: Any, output: Any) -> None:
+    ctx.save_for_backward(inputs[0])
+
+
+def _same_code(fn: Callable[..., Any], ref: Callable[..., Any], consts: tuple[Any, ...] | None = None) -> bool:
+    code = getattr(fn, "__code__", None)
+    want = ref.__code__
+    return (
+        code is not None
+        and code.co_code == want.co_code
+        and code.co_consts == (want.co_consts if consts is None else consts)
+        and code.co_names == want.co_names
+        and code.co_argcount == want.co_argcount
+        and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        and getattr(fn, "__kwdefaults__", None) is None
+    )
+
+
+def _saves_one(fn: Callable[..., Any]) -> str | int | None:
+    """What ``fn`` saves when its whole body is ``ctx.save_for_backward(output)`` ("output") or
+    ``ctx.save_for_backward(inputs[i])`` (i): the fast path then saves that tensor itself instead
+    of calling it on every call that records a gradient. None for any other setup_context."""
+    if _same_code(fn, _save_output):
+        return "output"
+    code = getattr(fn, "__code__", None)
+    ref = _save_input.__code__.co_consts
+    if code is None or len(code.co_consts) != len(ref):
+        return None
+    # The reference's constant 0 is the index: any other index is the same code with another constant.
+    at = ref.index(0)
+    i = code.co_consts[at]
+    if type(i) is int and i >= 0 and _same_code(fn, _save_input, (*ref[:at], i, *ref[at + 1 :])):
+        return i
+    return None
 
 
 def _declined(*args: Any) -> Any:
