@@ -154,7 +154,9 @@ class DenseLayout {
   // The layout of the result torch would give for `inputs`.
   template <size_t N>
   explicit DenseLayout(const std::array<Tensor, N>& inputs)
-      : sizes_(inputs[0].sizes().begin(), inputs[0].sizes().end()), strides_(result_strides(inputs)) {}
+      : contiguous_(all_contiguous(inputs)),
+        sizes_(inputs[0].sizes().begin(), inputs[0].sizes().end()),
+        strides_(contiguous_ ? contiguous_strides(opforge::ref(sizes_)) : result_strides(inputs)) {}
   explicit DenseLayout(const Tensor& input) : DenseLayout(std::array<Tensor, 1>{input}) {}
   DenseLayout(const Tensor& a, const Tensor& b) : DenseLayout(std::array<Tensor, 2>{a, b}) {}
   // `t`'s own layout; `t` must be non-overlapping and dense.
@@ -164,18 +166,21 @@ class DenseLayout {
 
   // `t` itself when it already walks in this layout, else a copy that does.
   Tensor input(const Tensor& t) const {
+    // A contiguous input of a contiguous layout (the usual case): one shim call, not walks_like's three.
+    if (contiguous_ && t.is_contiguous()) return t;
     if (walks_like(t, strides_)) return t;
-    Tensor copy = empty_strided(ref(sizes_), ref(strides_), t.scalar_type(), t);
+    Tensor copy = empty_strided(ref(sizes_), ref(strides_), dtype_of(t), t);
     torch::stable::copy_(copy, t);
     return copy;
   }
   bool fits(const Tensor& t) const { return walks_like(t, strides_); }
   // A new result in this layout, of `like`'s dtype and device.
-  Tensor new_output(const Tensor& like) const { return empty_strided(ref(sizes_), ref(strides_), like.scalar_type(), like); }
+  Tensor new_output(const Tensor& like) const { return empty_strided(ref(sizes_), ref(strides_), dtype_of(like), like); }
 
  private:
   DenseLayout(Strides sizes, Strides strides) : sizes_(std::move(sizes)), strides_(std::move(strides)) {}
 
+  bool contiguous_ = false;  // every input contiguous, so the layout is row-major
   Strides sizes_;
   Strides strides_;
 };
