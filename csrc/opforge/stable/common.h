@@ -116,6 +116,17 @@ inline ScalarType dtype_of(const Tensor& t) {
   return t.scalar_type();
 }
 
+// t's data as T, for a kernel dispatched on the dtype that its checks gave every operand: the
+// stable typed accessors check the dtype again on every call, through the slow conversion.
+template <typename T>
+inline const T* data_as(const Tensor& t) {
+  return static_cast<const T*>(t.const_data_ptr());
+}
+template <typename T>
+inline T* mutable_data_as(const Tensor& t) {
+  return static_cast<T*>(t.mutable_data_ptr());
+}
+
 // A device as torch prints it: cpu, cuda:0.
 inline std::string device_name(const Tensor& t) {
   if (t.is_cpu()) return "cpu";

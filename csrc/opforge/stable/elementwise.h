@@ -64,10 +64,14 @@ inline bool is_non_overlapping_and_dense(IntArrayRef sizes, IntArrayRef strides)
 }
 
 // Whether every tensor of `ts` is contiguous (torch's own test: an empty tensor is).
-template <size_t N>
-bool all_contiguous(const std::array<Tensor, N>& ts) {
-  for (const Tensor& t : ts) {
-    if (!t.is_contiguous()) return false;
+// The operands of a call, held (Tensor) or pointed to (const Tensor*: no reference-count traffic).
+inline const Tensor& deref(const Tensor& t) { return t; }
+inline const Tensor& deref(const Tensor* t) { return *t; }
+
+template <typename E, size_t N>
+bool all_contiguous(const std::array<E, N>& ts) {
+  for (const E& t : ts) {
+    if (!deref(t).is_contiguous()) return false;
   }
   return true;
 }
@@ -76,16 +80,16 @@ bool all_contiguous(const std::array<Tensor, N>& ts) {
 // `inputs` of one shape: contiguous, channels_last or the one shared dense
 // layout when every input has it; otherwise a dense layout whose dimension
 // order follows the inputs' strides, the first input deciding ties it can.
-template <size_t N>
-Strides result_strides(const std::array<Tensor, N>& inputs) {
-  const IntArrayRef sizes = inputs[0].sizes();
+template <typename E, size_t N>
+Strides result_strides(const std::array<E, N>& inputs) {
+  const IntArrayRef sizes = deref(inputs[0]).sizes();
   // The common case first, without the layout tests below (a vector and a sort per input).
   if (all_contiguous(inputs)) return contiguous_strides(sizes);
-  const IntArrayRef first = inputs[0].strides();
+  const IntArrayRef first = deref(inputs[0]).strides();
   bool channels_last = true;
   bool shared_dense = true;
-  for (const Tensor& t : inputs) {
-    const IntArrayRef s = t.strides();
+  for (const E& e : inputs) {
+    const IntArrayRef s = deref(e).strides();
     channels_last = channels_last && is_channels_last(sizes, s);
     shared_dense = shared_dense && same_dims(s, first) && is_non_overlapping_and_dense(sizes, s);
   }
@@ -99,7 +103,7 @@ Strides result_strides(const std::array<Tensor, N>& inputs) {
   std::vector<int64_t> perm(nd);
   for (int64_t i = 0; i < nd; ++i) perm[i] = nd - 1 - i;
   std::array<Strides, N> own;
-  for (size_t k = 0; k < N; ++k) own[k] = Strides(inputs[k].strides().begin(), inputs[k].strides().end());
+  for (size_t k = 0; k < N; ++k) own[k] = Strides(deref(inputs[k]).strides().begin(), deref(inputs[k]).strides().end());
   auto should_swap = [&](int64_t d0, int64_t d1) {
     for (const Strides& s : own) {
       const int64_t s0 = s[d0];
@@ -152,13 +156,13 @@ inline bool walks_like(const Tensor& t, const Strides& strides) {
 class DenseLayout {
  public:
   // The layout of the result torch would give for `inputs`.
-  template <size_t N>
-  explicit DenseLayout(const std::array<Tensor, N>& inputs)
+  template <typename E, size_t N>
+  explicit DenseLayout(const std::array<E, N>& inputs)
       : contiguous_(all_contiguous(inputs)),
-        sizes_(inputs[0].sizes().begin(), inputs[0].sizes().end()),
+        sizes_(deref(inputs[0]).sizes().begin(), deref(inputs[0]).sizes().end()),
         strides_(contiguous_ ? contiguous_strides(opforge::ref(sizes_)) : result_strides(inputs)) {}
-  explicit DenseLayout(const Tensor& input) : DenseLayout(std::array<Tensor, 1>{input}) {}
-  DenseLayout(const Tensor& a, const Tensor& b) : DenseLayout(std::array<Tensor, 2>{a, b}) {}
+  explicit DenseLayout(const Tensor& input) : DenseLayout(std::array<const Tensor*, 1>{&input}) {}
+  DenseLayout(const Tensor& a, const Tensor& b) : DenseLayout(std::array<const Tensor*, 2>{&a, &b}) {}
   // `t`'s own layout; `t` must be non-overlapping and dense.
   static DenseLayout of(const Tensor& t) {
     return DenseLayout(Strides(t.sizes().begin(), t.sizes().end()), Strides(t.strides().begin(), t.strides().end()));
@@ -192,7 +196,7 @@ class DenseLayout {
 // out afterwards would.
 template <typename Kernel, typename... Inputs>
 void into_out(Tensor& out, Kernel&& kernel, const Inputs&... inputs) {
-  const std::array<Tensor, sizeof...(Inputs)> in{inputs...};
+  const std::array<const Tensor*, sizeof...(Inputs)> in{&inputs...};
   // The common case first, without the layout tests below: all contiguous, the kernel writes out.
   if (out.is_contiguous() && all_contiguous(in)) {
     kernel(out, inputs...);
@@ -200,11 +204,11 @@ void into_out(Tensor& out, Kernel&& kernel, const Inputs&... inputs) {
   }
   const DenseLayout natural(in);
   int natural_copies = 0;
-  for (const Tensor& t : in) natural_copies += natural.fits(t) ? 0 : 1;
+  for (const Tensor* t : in) natural_copies += natural.fits(*t) ? 0 : 1;
   if (is_non_overlapping_and_dense(out.sizes(), out.strides())) {
     const DenseLayout own = DenseLayout::of(out);
     int own_copies = 0;
-    for (const Tensor& t : in) own_copies += own.fits(t) ? 0 : 1;
+    for (const Tensor* t : in) own_copies += own.fits(*t) ? 0 : 1;
     if (own_copies <= natural_copies + (natural.fits(out) ? 0 : 1)) {
       kernel(out, own.input(inputs)...);
       return;

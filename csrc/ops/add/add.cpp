@@ -40,8 +40,8 @@ void add_into(const char* op, const Tensor& out, const Tensor& a, const Tensor& 
       [&] {
         OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::add", [&] {
           cpu::for_each_element<scalar_t>(
-              AddOp{}, n, {a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>()},
-              {out.mutable_data_ptr<scalar_t>()});
+              AddOp{}, n, {data_as<scalar_t>(a), data_as<scalar_t>(b)},
+              {mutable_data_as<scalar_t>(out)});
         });
       });
 }

@@ -79,8 +79,8 @@ Tensor axpby(const Tensor& x, const Tensor& y, double alpha, double beta) {
           using A = opmath_t<scalar_t>;
           const AxpbyOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
           cpu::for_each_element<scalar_t>(
-              f, n, {xd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
-              {out.mutable_data_ptr<scalar_t>()});
+              f, n, {data_as<scalar_t>(xd), data_as<scalar_t>(yd)},
+              {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;
@@ -105,8 +105,8 @@ std::tuple<Tensor, Tensor> axpby_backward(const Tensor& grad, double alpha,
           using A = opmath_t<scalar_t>;
           const AxpbyBackwardOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
           cpu::for_each_element<scalar_t>(
-              f, n, {gd.const_data_ptr<scalar_t>()},
-              {grad_x.mutable_data_ptr<scalar_t>(), grad_y.mutable_data_ptr<scalar_t>()});
+              f, n, {data_as<scalar_t>(gd)},
+              {mutable_data_as<scalar_t>(grad_x), mutable_data_as<scalar_t>(grad_y)});
         });
       });
   return {grad_x, grad_y};

@@ -67,8 +67,8 @@ Tensor sigmoid(const Tensor& x) {
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::sigmoid", [&] {
-          cpu::for_each_element<scalar_t>(SigmoidOp{}, n, {xd.const_data_ptr<scalar_t>()},
-                                          {out.mutable_data_ptr<scalar_t>()});
+          cpu::for_each_element<scalar_t>(SigmoidOp{}, n, {data_as<scalar_t>(xd)},
+                                          {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;
@@ -92,8 +92,8 @@ Tensor sigmoid_backward(const Tensor& grad, const Tensor& y) {
         OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::sigmoid_backward", [&] {
           cpu::for_each_element<scalar_t>(
               SigmoidBackwardOp{}, n,
-              {gd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
-              {out.mutable_data_ptr<scalar_t>()});
+              {data_as<scalar_t>(gd), data_as<scalar_t>(yd)},
+              {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;

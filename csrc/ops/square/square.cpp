@@ -41,8 +41,8 @@ Tensor square(const Tensor& x) {
       },
       [&] {
         OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::square", [&] {
-          cpu::for_each_element<scalar_t>(SquareOp{}, n, {xd.const_data_ptr<scalar_t>()},
-                                          {out.mutable_data_ptr<scalar_t>()});
+          cpu::for_each_element<scalar_t>(SquareOp{}, n, {data_as<scalar_t>(xd)},
+                                          {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;
