@@ -281,20 +281,32 @@ def test_a_compile_during_which_the_fast_path_attaches_still_works(seed):
     fn = opforge.sigmoid
     fast = fn._opforge_fast
     assert fast is not None
-    (cell,) = [c for c in fn.__closure__ if c.cell_contents is fast]
+    # Where the function reads the fast path's object: its namespace (a function with the schema's
+    # parameters) or a closure cell (the generic one).
+    cells = [c for c in fn.__closure__ or () if c.cell_contents is fast]
+    if cells:
+        (cell,) = cells
+
+        def hold(value):
+            cell.cell_contents = value
+    else:
+        assert fn.__globals__["_of_fast"] is fast
+
+        def hold(value):
+            fn.__globals__["_of_fast"] = value
 
     def backend(gm, example_inputs):
-        cell.cell_contents = fast
+        hold(fast)
         return gm.forward
 
     x = torch.randn(5, generator=generator(torch.device("cpu"), seed))
     torch._dynamo.reset()
-    cell.cell_contents = _declined  # what the function holds before the module attaches
+    hold(_declined)  # what the function holds before the module attaches
     try:
         compiled = torch.compile(lambda t: opforge.sigmoid(t) * 2, backend=backend, fullgraph=True)
         torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 2)
     finally:
-        cell.cell_contents = fast
+        hold(fast)
         torch._dynamo.reset()
 
 
@@ -378,3 +390,45 @@ def test_a_recognised_setup_context_is_not_called_and_its_backward_gets_the_save
         fast.set_autograd(setup_context, backward, Context, 2)
     with pytest.raises(TypeError, match="saves must be None"):
         fast.set_autograd(setup_context, backward, Context, 1.5)
+
+
+def test_the_public_function_takes_the_schemas_parameters_and_keywords_take_the_fast_path(seed):
+    import inspect
+
+    from opforge.spec import _exact_signature_function
+
+    for name in ("add", "add_out", "square", "sigmoid", "axpby"):
+        code = SPECS[name].function.__code__
+        # Plain parameters: CPython calls it without building an argument tuple and dict.
+        assert not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), name
+        assert code.co_varnames[: code.co_argcount] == tuple(a.name for a in SPECS[name].schema.arguments)
+    g = generator(torch.device("cpu"), seed)
+    x, y = torch.randn(7, generator=g), torch.randn(7, generator=g)
+    seen = []
+
+    def fake_fast(*args):
+        seen.append(args)
+        return NotImplemented  # declined: the dispatcher answers
+
+    fn = SPECS["axpby"].function
+    real = fn.__globals__["_of_fast"]
+    fn.__globals__["_of_fast"] = fake_fast
+    try:
+        torch.testing.assert_close(opforge.axpby(y=y, x=x, beta=0.5), 3.0 * x + 0.5 * y)
+    finally:
+        fn.__globals__["_of_fast"] = real
+    # Keywords and defaults reach the fast path as positional arguments, in the schema's order.
+    assert len(seen) == 1 and seen[0][0] is x and seen[0][1] is y and seen[0][2:] == (3.0, 0.5)
+    # A missing argument is the dispatcher's to name, as before.
+    with pytest.raises(TypeError, match=r"^opforge::axpby: missing a required argument: 'x'$"):
+        opforge.axpby(y=y)
+
+    class Schema:
+        def __init__(self, names, kwarg_only=False):
+            self.arguments = [
+                type("A", (), {"name": n, "kwarg_only": kwarg_only, "has_default_value": lambda self: False})() for n in names
+            ]
+
+    for names, kwarg_only in ((["x", "_of_fast"], False), (["x", "lambda"], False), (["x"], True)):
+        spec = type("S", (), {"schema": Schema(names, kwarg_only), "name": "f"})()
+        assert _exact_signature_function(spec, print, lambda: False) is None  # the generic function serves
