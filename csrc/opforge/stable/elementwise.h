@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -17,7 +18,61 @@
 
 namespace opforge {
 
-using Strides = std::vector<int64_t>;
+// A shape or stride list: inline up to kInline dimensions (no allocation for the usual tensor,
+// where a kernel call builds two of them), on the heap beyond.
+class Strides {
+ public:
+  static constexpr size_t kInline = 8;
+  Strides() = default;
+  explicit Strides(size_t n) : n_(n) {
+    if (n > kInline) heap_.resize(n);
+    std::fill(data(), data() + n, int64_t{0});
+  }
+  template <typename It>
+  Strides(It first, It last) : Strides(static_cast<size_t>(std::distance(first, last))) {
+    std::copy(first, last, data());
+  }
+  // From a row-major stride list of common.h.
+  Strides(const std::vector<int64_t>& v) : Strides(v.begin(), v.end()) {}  // NOLINT(google-explicit-constructor)
+  Strides(const Strides& o) : Strides(o.begin(), o.end()) {}
+  Strides& operator=(const Strides& o) {
+    if (this != &o) *this = Strides(o);
+    return *this;
+  }
+  Strides(Strides&& o) noexcept : n_(o.n_), inline_(o.inline_), heap_(std::move(o.heap_)) {}
+  Strides& operator=(Strides&& o) noexcept {
+    n_ = o.n_;
+    inline_ = o.inline_;
+    heap_ = std::move(o.heap_);
+    return *this;
+  }
+
+  int64_t* data() { return n_ > kInline ? heap_.data() : inline_.data(); }
+  const int64_t* data() const { return n_ > kInline ? heap_.data() : inline_.data(); }
+  size_t size() const { return n_; }
+  int64_t* begin() { return data(); }
+  int64_t* end() { return data() + n_; }
+  const int64_t* begin() const { return data(); }
+  const int64_t* end() const { return data() + n_; }
+  int64_t& operator[](size_t i) { return data()[i]; }
+  const int64_t& operator[](size_t i) const { return data()[i]; }
+
+ private:
+  size_t n_ = 0;
+  std::array<int64_t, kInline> inline_{};
+  std::vector<int64_t> heap_;
+};
+
+// Row-major strides of `sizes`, without common.h's vector.
+inline Strides row_major_strides(IntArrayRef sizes) {
+  Strides strides(sizes.size());
+  int64_t next = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = next;
+    next *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  return strides;
+}
 
 inline IntArrayRef ref(const Strides& s) { return IntArrayRef(s.data(), s.size()); }
 
@@ -84,7 +139,7 @@ template <typename E, size_t N>
 Strides result_strides(const std::array<E, N>& inputs) {
   const IntArrayRef sizes = deref(inputs[0]).sizes();
   // The common case first, without the layout tests below (a vector and a sort per input).
-  if (all_contiguous(inputs)) return contiguous_strides(sizes);
+  if (all_contiguous(inputs)) return row_major_strides(sizes);
   const IntArrayRef first = deref(inputs[0]).strides();
   bool channels_last = true;
   bool shared_dense = true;
@@ -128,7 +183,7 @@ Strides result_strides(const std::array<E, N>& inputs) {
   }
   bool row_major = true;
   for (int64_t i = 0; i < nd; ++i) row_major = row_major && perm[i] == nd - 1 - i;
-  if (row_major) return contiguous_strides(sizes);
+  if (row_major) return row_major_strides(sizes);
   Strides strides(nd);
   int64_t next = 1;
   for (int64_t i = 0; i < nd; ++i) {
@@ -160,7 +215,7 @@ class DenseLayout {
   explicit DenseLayout(const std::array<E, N>& inputs)
       : contiguous_(all_contiguous(inputs)),
         sizes_(deref(inputs[0]).sizes().begin(), deref(inputs[0]).sizes().end()),
-        strides_(contiguous_ ? contiguous_strides(opforge::ref(sizes_)) : result_strides(inputs)) {}
+        strides_(contiguous_ ? row_major_strides(opforge::ref(sizes_)) : result_strides(inputs)) {}
   explicit DenseLayout(const Tensor& input) : DenseLayout(std::array<const Tensor*, 1>{&input}) {}
   DenseLayout(const Tensor& a, const Tensor& b) : DenseLayout(std::array<const Tensor*, 2>{&a, &b}) {}
   // `t`'s own layout; `t` must be non-overlapping and dense.
