@@ -281,20 +281,32 @@ def test_a_compile_during_which_the_fast_path_attaches_still_works(seed):
     fn = opforge.sigmoid
     fast = fn._opforge_fast
     assert fast is not None
-    (cell,) = [c for c in fn.__closure__ if c.cell_contents is fast]
+    # Where the function reads the fast path's object: its namespace (a function with the schema's
+    # parameters) or a closure cell (the generic one).
+    cells = [c for c in fn.__closure__ or () if c.cell_contents is fast]
+    if cells:
+        (cell,) = cells
+
+        def hold(value):
+            cell.cell_contents = value
+    else:
+        assert fn.__globals__["_of_fast"] is fast
+
+        def hold(value):
+            fn.__globals__["_of_fast"] = value
 
     def backend(gm, example_inputs):
-        cell.cell_contents = fast
+        hold(fast)
         return gm.forward
 
     x = torch.randn(5, generator=generator(torch.device("cpu"), seed))
     torch._dynamo.reset()
-    cell.cell_contents = _declined  # what the function holds before the module attaches
+    hold(_declined)  # what the function holds before the module attaches
     try:
         compiled = torch.compile(lambda t: opforge.sigmoid(t) * 2, backend=backend, fullgraph=True)
         torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 2)
     finally:
-        cell.cell_contents = fast
+        hold(fast)
         torch._dynamo.reset()
 
 
@@ -317,3 +329,106 @@ def test_only_a_setup_context_that_does_nothing_is_skipped():
     assert out.grad_fn.name() == "opforge::addBackward"
     out.backward(torch.ones(4))
     torch.testing.assert_close(x.grad, torch.full((4,), 2.0))
+
+
+def test_a_setup_context_that_only_saves_one_tensor_is_recognised():
+    from opforge.spec import _saves_one
+
+    def output(ctx, inputs, result):
+        ctx.save_for_backward(result)
+
+    def second(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
+
+    assert _saves_one(output) == "output" and _saves_one(SPECS["sigmoid"].setup_context) == "output"
+    assert _saves_one(second) == 1 and _saves_one(SPECS["square"].setup_context) == 0
+    for other in (
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs[-1]),
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs[True]),
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs[0], output),
+        lambda ctx, inputs, output: ctx.save_for_backward(inputs),
+        lambda ctx, inputs, output: ctx.save(output),
+        SPECS["axpby"].setup_context,
+        SPECS["add"].setup_context,
+        print,
+    ):
+        assert _saves_one(other) is None
+
+
+@pytest.mark.parametrize("saves", ["output", 0, 1])
+def test_a_recognised_setup_context_is_not_called_and_its_backward_gets_the_saved_tensor(saves, seed):
+    from opforge.fast import Context, fast_op
+
+    fast = fast_op("opforge::axpby")
+    assert fast is not None
+    calls = []
+
+    def setup_context(ctx, inputs, output):  # what `saves` says it does; counted if called
+        calls.append(1)
+        ctx.save_for_backward(output if saves == "output" else inputs[saves])
+
+    def backward(ctx, grad):
+        (kept,) = ctx.saved_tensors
+        seen.append((ctx.needs_input_grad, kept))
+        return grad * 2.0, grad * -1.0, None, None
+
+    fast.set_autograd(setup_context, backward, Context, saves)
+    g = generator(torch.device("cpu"), seed)
+    for wants_x, wants_y in ((True, False), (False, True), (True, True)):
+        seen: list = []
+        x = torch.randn(5, generator=g).requires_grad_(wants_x)
+        y = torch.randn(5, generator=g).requires_grad_(wants_y)
+        out = fast(x, y, 2.0, -1.0)
+        torch.testing.assert_close(out, 2.0 * x.detach() - y.detach())
+        out.backward(torch.randn(5, generator=g))
+        (needs, kept), *rest = seen
+        assert not rest and needs == (wants_x, wants_y, False, False)
+        want = out if saves == "output" else (x, y)[saves]
+        torch.testing.assert_close(kept, want.detach(), rtol=0, atol=0)
+    assert calls == []
+    with pytest.raises(ValueError, match="saves=2 is not a required tensor argument"):
+        fast.set_autograd(setup_context, backward, Context, 2)
+    with pytest.raises(TypeError, match="saves must be None"):
+        fast.set_autograd(setup_context, backward, Context, 1.5)
+
+
+def test_the_public_function_takes_the_schemas_parameters_and_keywords_take_the_fast_path(seed):
+    import inspect
+
+    from opforge.spec import _exact_signature_function
+
+    for name in ("add", "add_out", "square", "sigmoid", "axpby"):
+        code = SPECS[name].function.__code__
+        # Plain parameters: CPython calls it without building an argument tuple and dict.
+        assert not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), name
+        assert code.co_varnames[: code.co_argcount] == tuple(a.name for a in SPECS[name].schema.arguments)
+    g = generator(torch.device("cpu"), seed)
+    x, y = torch.randn(7, generator=g), torch.randn(7, generator=g)
+    seen = []
+
+    def fake_fast(*args):
+        seen.append(args)
+        return NotImplemented  # declined: the dispatcher answers
+
+    fn = SPECS["axpby"].function
+    real = fn.__globals__["_of_fast"]
+    fn.__globals__["_of_fast"] = fake_fast
+    try:
+        torch.testing.assert_close(opforge.axpby(y=y, x=x, beta=0.5), 3.0 * x + 0.5 * y)
+    finally:
+        fn.__globals__["_of_fast"] = real
+    # Keywords and defaults reach the fast path as positional arguments, in the schema's order.
+    assert len(seen) == 1 and seen[0][0] is x and seen[0][1] is y and seen[0][2:] == (3.0, 0.5)
+    # A missing argument is the dispatcher's to name, as before.
+    with pytest.raises(TypeError, match=r"^opforge::axpby: missing a required argument: 'x'$"):
+        opforge.axpby(y=y)
+
+    class Schema:
+        def __init__(self, names, kwarg_only=False):
+            self.arguments = [
+                type("A", (), {"name": n, "kwarg_only": kwarg_only, "has_default_value": lambda self: False})() for n in names
+            ]
+
+    for names, kwarg_only in ((["x", "_of_fast"], False), (["x", "lambda"], False), (["x"], True)):
+        spec = type("S", (), {"schema": Schema(names, kwarg_only), "name": "f"})()
+        assert _exact_signature_function(spec, print, lambda: False) is None  # the generic function serves

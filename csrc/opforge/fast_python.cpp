@@ -74,6 +74,11 @@ struct FastOp {
   Py_ssize_t needs_slot;
   Py_ssize_t to_save_slot;
   bool plain_ctx;  // ctx_type has neither __new__ nor __init__ of its own: allocated without calling it
+  // What a setup_context opforge recognised saves (set_autograd's `saves`), done here instead of
+  // calling it: kSavesNothing (setup_context None), kSavesOutput, or the position of the one input
+  // it saves. kSetupInPython: setup_context is called. Unless it is called, the ctx is made when
+  // the backward runs, not on every recording call.
+  Py_ssize_t saves;
   std::shared_ptr<const struct NodeInfo>* node_info;
   std::vector<size_t>* writes;  // positions of the arguments the schema marks written (Tensor(a!))
   // needs_input_grad tuples by the mask of the tensor arguments that need a gradient (owned; built on
@@ -82,6 +87,10 @@ struct FastOp {
 };
 
 PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
+
+constexpr Py_ssize_t kSetupInPython = -3;
+constexpr Py_ssize_t kSavesNothing = -2;
+constexpr Py_ssize_t kSavesOutput = -1;
 
 // What every node of one operator shares: one reference count per call instead of copying a name
 // and a vector into each node (each its own allocation).
@@ -107,8 +116,13 @@ using NodePtr = decltype(std::declval<torch::autograd::Edge>().function);
 // The backward of one fast-path call: the spec's Python backward(ctx, *grads).
 struct PyBackward : Node {
   PyObject* backward = nullptr;  // the spec's function (lives as long as the process)
-  PyObject* ctx = nullptr;       // owned
+  PyObject* ctx = nullptr;       // owned; null until the backward makes it (lazy_ctx)
   std::vector<SavedVariable> saved;
+  // What the backward needs to make the ctx itself: ctx_type lives as long as the process (opforge.fast.Context).
+  PyObject* ctx_type = nullptr;
+  bool plain_ctx = false;
+  Py_ssize_t needs_slot = -1;
+  size_t needs_mask = 0;  // bit t: the t-th tensor argument needs a gradient
   std::shared_ptr<const NodeInfo> info;
   bool released = false;
 
@@ -126,6 +140,7 @@ struct PyBackward : Node {
     TORCH_CHECK(!released, node_name,
                 ": trying to backward through the graph a second time (or to read saved tensors after they were freed); "
                 "pass retain_graph=True to the first backward");
+    if (ctx == nullptr) make_ctx();
     PyObject* saved_tuple = PyTuple_New(static_cast<Py_ssize_t>(saved.size()));
     if (saved_tuple == nullptr) throw python_error();
     for (size_t i = 0; i < saved.size(); ++i) {
@@ -163,6 +178,38 @@ struct PyBackward : Node {
     }
     Py_DECREF(seq);
     return out;
+  }
+
+  // The ctx of a call whose setup_context was not called: what it would have held then
+  // (needs_input_grad; saved_tensors are set by apply).
+  void make_ctx() {
+    auto* type = reinterpret_cast<PyTypeObject*>(ctx_type);
+    PyObject* made = plain_ctx ? type->tp_alloc(type, 0) : PyObject_CallNoArgs(ctx_type);
+    if (made == nullptr) throw python_error();
+    const auto total = static_cast<Py_ssize_t>(info->tensor_arg.size());
+    PyObject* needs = PyTuple_New(total);
+    if (needs == nullptr) {
+      Py_DECREF(made);
+      throw python_error();
+    }
+    size_t t = 0;
+    for (Py_ssize_t i = 0; i < total; ++i) {
+      bool needs_grad = false;
+      if (info->tensor_arg[static_cast<size_t>(i)]) needs_grad = ((needs_mask >> t++) & 1U) != 0;
+      PyTuple_SET_ITEM(needs, i, PyBool_FromLong(needs_grad));
+    }
+    if (needs_slot >= 0) {
+      PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(made) + needs_slot);
+      Py_XSETREF(*slot, needs);
+    } else {
+      const int set = PyObject_SetAttr(made, names.needs_input_grad, needs);
+      Py_DECREF(needs);
+      if (set < 0) {
+        Py_DECREF(made);
+        throw python_error();
+      }
+    }
+    ctx = made;
   }
 
   ~PyBackward() override {
@@ -252,6 +299,24 @@ PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const Ten
   node->info = *f->node_info;
   node->set_next_edges(torch::autograd::collect_next_edges(at::ArrayRef<at::Tensor>(tensors)));
   torch::autograd::set_history(out, node_ptr);
+
+  if (f->saves != kSetupInPython && tensors.size() <= 64) {
+    // A setup_context opforge recognised: what it saves goes straight into SavedVariables, and
+    // the ctx waits for the backward (most graphs are freed without one running per node).
+    node->ctx_type = f->ctx_type;
+    node->plain_ctx = f->plain_ctx;
+    node->needs_slot = f->needs_slot;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      node->needs_mask |= static_cast<size_t>(tensors[t].requires_grad()) << t;
+    }
+    if (f->saves == kSavesOutput) {
+      node->saved.emplace_back(out, /*is_output=*/true);
+    } else if (f->saves >= 0) {
+      const at::Tensor& v = THPVariable_Unpack(args[f->saves]);
+      node->saved.emplace_back(v, /*is_output=*/v.is_same(out));
+    }
+    return THPVariable_Wrap(std::move(out));
+  }
 
   auto* type = reinterpret_cast<PyTypeObject*>(f->ctx_type);
   PyObject* ctx = f->plain_ctx ? type->tp_alloc(type, 0) : PyObject_CallNoArgs(f->ctx_type);
@@ -343,8 +408,11 @@ bool push_argument(Kind kind, PyObject* arg, bool grad_mode, torch::jit::Stack& 
     case Kind::Tensor: {
       if (!THPVariable_CheckExact(arg)) return false;  // subclasses, None, numbers: the full path decides
       const at::Tensor& t = THPVariable_Unpack(arg);
-      if (grad_mode && t.requires_grad()) return false;
-      if (t._fw_grad(/*level=*/0).defined()) return false;  // a tangent: forward AD, as torch's isFwGradDefined
+      // Neither a gradient nor a tangent without autograd metadata: most calls skip both lookups.
+      if (t.unsafeGetTensorImpl()->autograd_meta() != nullptr) {
+        if (grad_mode && t.requires_grad()) return false;
+        if (t._fw_grad(/*level=*/0).defined()) return false;  // a tangent: forward AD, as torch's isFwGradDefined
+      }
       stack.emplace_back(t);
       return true;
     }
@@ -399,7 +467,22 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
   const bool grad_mode = at::GradMode::is_enabled();
   // With an autograd formula, inputs that need a gradient stay on the fast path.
   const bool can_record = f->backward != nullptr && f->returns == 1 && !writes;
-  torch::jit::Stack stack;
+  // One stack per thread, reused: a call allocates none. A kernel that calls back into a fast
+  // operator on the same thread (through Python) gets a stack of its own.
+  thread_local torch::jit::Stack reused;
+  thread_local bool reused_busy = false;
+  torch::jit::Stack local;
+  const bool reuse = !reused_busy;
+  torch::jit::Stack& stack = reuse ? reused : local;
+  struct Release {
+    torch::jit::Stack& stack;
+    bool reuse;
+    ~Release() {
+      stack.clear();  // no tensor outlives the call in the reused stack
+      if (reuse) reused_busy = false;
+    }
+  } release{stack, reuse};
+  if (reuse) reused_busy = true;
   stack.reserve(static_cast<size_t>(total));
   for (Py_ssize_t i = 0; i < total; ++i) {
     if (i >= n) {
@@ -473,12 +556,14 @@ void fast_dealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
-// set_autograd(setup_context, backward, ctx_type): the spec's formula, for calls
+// set_autograd(setup_context, backward, ctx_type[, saves]): the spec's formula, for calls
 // whose inputs need a gradient (torch.library.register_autograd's protocol).
-// setup_context None: one that does nothing, not called.
+// setup_context None: one that does nothing, not called. `saves` ("output", or the position
+// of a tensor argument): setup_context only saves that tensor, which is done here instead
+// of calling it (it is still called for an operator of more than 64 tensor arguments).
 PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
-  if (n != 3) {
-    PyErr_SetString(PyExc_TypeError, "set_autograd(setup_context, backward, ctx_type)");
+  if (n != 3 && n != 4) {
+    PyErr_SetString(PyExc_TypeError, "set_autograd(setup_context, backward, ctx_type[, saves])");
     return nullptr;
   }
   auto* f = reinterpret_cast<FastOp*>(self);
@@ -489,14 +574,37 @@ PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   for (PyObject* o : {args[0], args[1], args[2]}) Py_INCREF(o);
   f->needs_slot = f->to_save_slot = -1;
   f->plain_ctx = false;
+  f->saves = kSetupInPython;
   if (!PyType_Check(args[2])) {
     PyErr_SetString(PyExc_TypeError, "set_autograd: ctx_type must be a class");
     return nullptr;
   }
   auto* type = reinterpret_cast<PyTypeObject*>(args[2]);
+  // A node that makes its ctx in the backward keeps ctx_type without a reference of its own (so
+  // that freeing it needs no GIL): the type is kept for the process's lifetime instead.
+  Py_INCREF(args[2]);
   f->plain_ctx = type->tp_new == PyBaseObject_Type.tp_new && type->tp_init == PyBaseObject_Type.tp_init;
   f->needs_slot = slot_offset(args[2], names.needs_input_grad);
   f->to_save_slot = slot_offset(args[2], names.to_save);
+  const PyObject* saves = n == 4 ? args[3] : Py_None;
+  if (args[0] == Py_None) {
+    f->saves = kSavesNothing;
+  } else if (saves != Py_None) {
+    if (PyUnicode_Check(saves) && PyUnicode_CompareWithASCIIString(const_cast<PyObject*>(saves), "output") == 0) {
+      f->saves = kSavesOutput;
+    } else if (PyLong_CheckExact(saves)) {
+      const Py_ssize_t i = PyLong_AsSsize_t(const_cast<PyObject*>(saves));
+      if (i < 0 || i >= f->required || (*f->kinds)[static_cast<size_t>(i)] != Kind::Tensor) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "set_autograd: saves=%zd is not a required tensor argument", i);
+        return nullptr;
+      }
+      f->saves = i;
+    } else {
+      PyErr_SetString(PyExc_TypeError, "set_autograd: saves must be None, \"output\" or an argument's position");
+      return nullptr;
+    }
+  }
   Py_RETURN_NONE;
 }
 
@@ -556,6 +664,7 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   f->setup_context = f->backward = f->ctx_type = nullptr;
   f->needs_slot = f->to_save_slot = -1;
   f->plain_ctx = false;
+  f->saves = kSetupInPython;
   std::vector<bool> tensor_arg;
   for (const Kind k : *f->kinds) tensor_arg.push_back(k == Kind::Tensor);
   const auto tensor_count = static_cast<size_t>(std::count(tensor_arg.begin(), tensor_arg.end(), true));

@@ -99,6 +99,34 @@ inline DType to_dtype(ScalarType st) {
   }
 }
 
+// t.scalar_type() for the four floating dtypes without the stable conversion's chain of shim
+// calls (one per dtype before the one found: seven for float32), read on every call of a kernel,
+// several times; any other dtype through that conversion.
+inline ScalarType dtype_of(const Tensor& t) {
+  static const int32_t float32 = aoti_torch_dtype_float32();
+  static const int32_t float16 = aoti_torch_dtype_float16();
+  static const int32_t bfloat16 = aoti_torch_dtype_bfloat16();
+  static const int32_t float64 = aoti_torch_dtype_float64();
+  int32_t code = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &code));
+  if (code == float32) return ScalarType::Float;
+  if (code == float16) return ScalarType::Half;
+  if (code == bfloat16) return ScalarType::BFloat16;
+  if (code == float64) return ScalarType::Double;
+  return t.scalar_type();
+}
+
+// t's data as T, for a kernel dispatched on the dtype that its checks gave every operand: the
+// stable typed accessors check the dtype again on every call, through the slow conversion.
+template <typename T>
+inline const T* data_as(const Tensor& t) {
+  return static_cast<const T*>(t.const_data_ptr());
+}
+template <typename T>
+inline T* mutable_data_as(const Tensor& t) {
+  return static_cast<T*>(t.mutable_data_ptr());
+}
+
 // A device as torch prints it: cpu, cuda:0.
 inline std::string device_name(const Tensor& t) {
   if (t.is_cpu()) return "cpu";
@@ -106,8 +134,15 @@ inline std::string device_name(const Tensor& t) {
   return message("device ", static_cast<int>(t.get_device_index()));
 }
 
+// Two shim calls for CPU tensors (is_cuda() and is_cpu() are two each, per tensor): every kernel asks.
 inline bool same_device(const Tensor& a, const Tensor& b) {
-  return a.is_cuda() == b.is_cuda() && a.is_cpu() == b.is_cpu() && a.get_device_index() == b.get_device_index();
+  static const int32_t cpu = aoti_torch_device_type_cpu();
+  int32_t type_a = 0;
+  int32_t type_b = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(a.get(), &type_a));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(b.get(), &type_b));
+  if (type_a != type_b) return false;
+  return type_a == cpu || a.get_device_index() == b.get_device_index();
 }
 
 inline bool same_dims(IntArrayRef a, IntArrayRef b) {
@@ -124,7 +159,7 @@ inline void check_defined(const char* op, const char* name, const Tensor& t) {
 
 inline void check_floating(const char* op, const char* name, const Tensor& t) {
   check_defined(op, name, t);
-  OPFORGE_CHECK_VALUE(is_floating(t.scalar_type()), msg::not_floating(op, name, t.scalar_type()));
+  OPFORGE_CHECK_VALUE(is_floating(dtype_of(t)), msg::not_floating(op, name, dtype_of(t)));
 }
 
 // Device and dtype of `t` equal to those of `ref`, shapes free: for ops
@@ -132,8 +167,8 @@ inline void check_floating(const char* op, const char* name, const Tensor& t) {
 inline void check_like(const char* op, const char* ref_name, const Tensor& ref, const char* name, const Tensor& t) {
   check_defined(op, name, t);
   OPFORGE_CHECK(same_device(ref, t), msg::devices_differ(op, ref_name, name, device_name(ref), device_name(t)));
-  OPFORGE_CHECK_VALUE(ref.scalar_type() == t.scalar_type(),
-                      msg::dtypes_differ(op, ref_name, name, ref.scalar_type(), t.scalar_type()));
+  OPFORGE_CHECK_VALUE(dtype_of(ref) == dtype_of(t),
+                      msg::dtypes_differ(op, ref_name, name, dtype_of(ref), dtype_of(t)));
 }
 
 // `layout` names the dimensions, e.g. "[batch, input_features]".
@@ -193,7 +228,7 @@ inline void check_out(const char* op, const Tensor& out, const Tensor& like,
                       std::initializer_list<std::pair<const char*, const Tensor*>> inputs) {
   check_defined(op, "out", out);
   OPFORGE_CHECK(same_device(out, like), msg::out_device(op, device_name(like), device_name(out)));
-  OPFORGE_CHECK_VALUE(out.scalar_type() == like.scalar_type(), msg::out_dtype(op, like.scalar_type(), out.scalar_type()));
+  OPFORGE_CHECK_VALUE(dtype_of(out) == dtype_of(like), msg::out_dtype(op, dtype_of(like), dtype_of(out)));
   OPFORGE_CHECK(same_dims(out.sizes(), like.sizes()), msg::out_shape(op, dims(like.sizes()), dims(out.sizes())));
   OPFORGE_CHECK(!has_internal_overlap(out), msg::out_self_overlap(op, dims(out.strides())));
   for (const auto& [name, input] : inputs) {
@@ -249,7 +284,7 @@ inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, cons
 }
 inline Tensor empty_like_shape(IntArrayRef sizes, const Tensor& like) {
   const std::vector<int64_t> strides = contiguous_strides(sizes);
-  return empty_strided(sizes, IntArrayRef(strides.data(), strides.size()), like.scalar_type(), like);
+  return empty_strided(sizes, IntArrayRef(strides.data(), strides.size()), dtype_of(like), like);
 }
 
 // Calls an ATen operator through the dispatcher (the shim's boxed call), for

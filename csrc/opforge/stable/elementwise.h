@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -17,7 +18,61 @@
 
 namespace opforge {
 
-using Strides = std::vector<int64_t>;
+// A shape or stride list: inline up to kInline dimensions (no allocation for the usual tensor,
+// where a kernel call builds two of them), on the heap beyond.
+class Strides {
+ public:
+  static constexpr size_t kInline = 8;
+  Strides() = default;
+  explicit Strides(size_t n) : n_(n) {
+    if (n > kInline) heap_.resize(n);
+    std::fill(data(), data() + n, int64_t{0});
+  }
+  template <typename It>
+  Strides(It first, It last) : Strides(static_cast<size_t>(std::distance(first, last))) {
+    std::copy(first, last, data());
+  }
+  // From a row-major stride list of common.h.
+  Strides(const std::vector<int64_t>& v) : Strides(v.begin(), v.end()) {}  // NOLINT(google-explicit-constructor)
+  Strides(const Strides& o) : Strides(o.begin(), o.end()) {}
+  Strides& operator=(const Strides& o) {
+    if (this != &o) *this = Strides(o);
+    return *this;
+  }
+  Strides(Strides&& o) noexcept : n_(o.n_), inline_(o.inline_), heap_(std::move(o.heap_)) {}
+  Strides& operator=(Strides&& o) noexcept {
+    n_ = o.n_;
+    inline_ = o.inline_;
+    heap_ = std::move(o.heap_);
+    return *this;
+  }
+
+  int64_t* data() { return n_ > kInline ? heap_.data() : inline_.data(); }
+  const int64_t* data() const { return n_ > kInline ? heap_.data() : inline_.data(); }
+  size_t size() const { return n_; }
+  int64_t* begin() { return data(); }
+  int64_t* end() { return data() + n_; }
+  const int64_t* begin() const { return data(); }
+  const int64_t* end() const { return data() + n_; }
+  int64_t& operator[](size_t i) { return data()[i]; }
+  const int64_t& operator[](size_t i) const { return data()[i]; }
+
+ private:
+  size_t n_ = 0;
+  std::array<int64_t, kInline> inline_{};
+  std::vector<int64_t> heap_;
+};
+
+// Row-major strides of `sizes`, without common.h's vector.
+inline Strides row_major_strides(IntArrayRef sizes) {
+  Strides strides(sizes.size());
+  int64_t next = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = next;
+    next *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  return strides;
+}
 
 inline IntArrayRef ref(const Strides& s) { return IntArrayRef(s.data(), s.size()); }
 
@@ -64,10 +119,14 @@ inline bool is_non_overlapping_and_dense(IntArrayRef sizes, IntArrayRef strides)
 }
 
 // Whether every tensor of `ts` is contiguous (torch's own test: an empty tensor is).
-template <size_t N>
-bool all_contiguous(const std::array<Tensor, N>& ts) {
-  for (const Tensor& t : ts) {
-    if (!t.is_contiguous()) return false;
+// The operands of a call, held (Tensor) or pointed to (const Tensor*: no reference-count traffic).
+inline const Tensor& deref(const Tensor& t) { return t; }
+inline const Tensor& deref(const Tensor* t) { return *t; }
+
+template <typename E, size_t N>
+bool all_contiguous(const std::array<E, N>& ts) {
+  for (const E& t : ts) {
+    if (!deref(t).is_contiguous()) return false;
   }
   return true;
 }
@@ -76,16 +135,16 @@ bool all_contiguous(const std::array<Tensor, N>& ts) {
 // `inputs` of one shape: contiguous, channels_last or the one shared dense
 // layout when every input has it; otherwise a dense layout whose dimension
 // order follows the inputs' strides, the first input deciding ties it can.
-template <size_t N>
-Strides result_strides(const std::array<Tensor, N>& inputs) {
-  const IntArrayRef sizes = inputs[0].sizes();
+template <typename E, size_t N>
+Strides result_strides(const std::array<E, N>& inputs) {
+  const IntArrayRef sizes = deref(inputs[0]).sizes();
   // The common case first, without the layout tests below (a vector and a sort per input).
-  if (all_contiguous(inputs)) return contiguous_strides(sizes);
-  const IntArrayRef first = inputs[0].strides();
+  if (all_contiguous(inputs)) return row_major_strides(sizes);
+  const IntArrayRef first = deref(inputs[0]).strides();
   bool channels_last = true;
   bool shared_dense = true;
-  for (const Tensor& t : inputs) {
-    const IntArrayRef s = t.strides();
+  for (const E& e : inputs) {
+    const IntArrayRef s = deref(e).strides();
     channels_last = channels_last && is_channels_last(sizes, s);
     shared_dense = shared_dense && same_dims(s, first) && is_non_overlapping_and_dense(sizes, s);
   }
@@ -99,7 +158,7 @@ Strides result_strides(const std::array<Tensor, N>& inputs) {
   std::vector<int64_t> perm(nd);
   for (int64_t i = 0; i < nd; ++i) perm[i] = nd - 1 - i;
   std::array<Strides, N> own;
-  for (size_t k = 0; k < N; ++k) own[k] = Strides(inputs[k].strides().begin(), inputs[k].strides().end());
+  for (size_t k = 0; k < N; ++k) own[k] = Strides(deref(inputs[k]).strides().begin(), deref(inputs[k]).strides().end());
   auto should_swap = [&](int64_t d0, int64_t d1) {
     for (const Strides& s : own) {
       const int64_t s0 = s[d0];
@@ -124,7 +183,7 @@ Strides result_strides(const std::array<Tensor, N>& inputs) {
   }
   bool row_major = true;
   for (int64_t i = 0; i < nd; ++i) row_major = row_major && perm[i] == nd - 1 - i;
-  if (row_major) return contiguous_strides(sizes);
+  if (row_major) return row_major_strides(sizes);
   Strides strides(nd);
   int64_t next = 1;
   for (int64_t i = 0; i < nd; ++i) {
@@ -152,11 +211,13 @@ inline bool walks_like(const Tensor& t, const Strides& strides) {
 class DenseLayout {
  public:
   // The layout of the result torch would give for `inputs`.
-  template <size_t N>
-  explicit DenseLayout(const std::array<Tensor, N>& inputs)
-      : sizes_(inputs[0].sizes().begin(), inputs[0].sizes().end()), strides_(result_strides(inputs)) {}
-  explicit DenseLayout(const Tensor& input) : DenseLayout(std::array<Tensor, 1>{input}) {}
-  DenseLayout(const Tensor& a, const Tensor& b) : DenseLayout(std::array<Tensor, 2>{a, b}) {}
+  template <typename E, size_t N>
+  explicit DenseLayout(const std::array<E, N>& inputs)
+      : contiguous_(all_contiguous(inputs)),
+        sizes_(deref(inputs[0]).sizes().begin(), deref(inputs[0]).sizes().end()),
+        strides_(contiguous_ ? row_major_strides(opforge::ref(sizes_)) : result_strides(inputs)) {}
+  explicit DenseLayout(const Tensor& input) : DenseLayout(std::array<const Tensor*, 1>{&input}) {}
+  DenseLayout(const Tensor& a, const Tensor& b) : DenseLayout(std::array<const Tensor*, 2>{&a, &b}) {}
   // `t`'s own layout; `t` must be non-overlapping and dense.
   static DenseLayout of(const Tensor& t) {
     return DenseLayout(Strides(t.sizes().begin(), t.sizes().end()), Strides(t.strides().begin(), t.strides().end()));
@@ -164,18 +225,21 @@ class DenseLayout {
 
   // `t` itself when it already walks in this layout, else a copy that does.
   Tensor input(const Tensor& t) const {
+    // A contiguous input of a contiguous layout (the usual case): one shim call, not walks_like's three.
+    if (contiguous_ && t.is_contiguous()) return t;
     if (walks_like(t, strides_)) return t;
-    Tensor copy = empty_strided(ref(sizes_), ref(strides_), t.scalar_type(), t);
+    Tensor copy = empty_strided(ref(sizes_), ref(strides_), dtype_of(t), t);
     torch::stable::copy_(copy, t);
     return copy;
   }
   bool fits(const Tensor& t) const { return walks_like(t, strides_); }
   // A new result in this layout, of `like`'s dtype and device.
-  Tensor new_output(const Tensor& like) const { return empty_strided(ref(sizes_), ref(strides_), like.scalar_type(), like); }
+  Tensor new_output(const Tensor& like) const { return empty_strided(ref(sizes_), ref(strides_), dtype_of(like), like); }
 
  private:
   DenseLayout(Strides sizes, Strides strides) : sizes_(std::move(sizes)), strides_(std::move(strides)) {}
 
+  bool contiguous_ = false;  // every input contiguous, so the layout is row-major
   Strides sizes_;
   Strides strides_;
 };
@@ -187,7 +251,7 @@ class DenseLayout {
 // out afterwards would.
 template <typename Kernel, typename... Inputs>
 void into_out(Tensor& out, Kernel&& kernel, const Inputs&... inputs) {
-  const std::array<Tensor, sizeof...(Inputs)> in{inputs...};
+  const std::array<const Tensor*, sizeof...(Inputs)> in{&inputs...};
   // The common case first, without the layout tests below: all contiguous, the kernel writes out.
   if (out.is_contiguous() && all_contiguous(in)) {
     kernel(out, inputs...);
@@ -195,11 +259,11 @@ void into_out(Tensor& out, Kernel&& kernel, const Inputs&... inputs) {
   }
   const DenseLayout natural(in);
   int natural_copies = 0;
-  for (const Tensor& t : in) natural_copies += natural.fits(t) ? 0 : 1;
+  for (const Tensor* t : in) natural_copies += natural.fits(*t) ? 0 : 1;
   if (is_non_overlapping_and_dense(out.sizes(), out.strides())) {
     const DenseLayout own = DenseLayout::of(out);
     int own_copies = 0;
-    for (const Tensor& t : in) own_copies += own.fits(t) ? 0 : 1;
+    for (const Tensor* t : in) own_copies += own.fits(*t) ? 0 : 1;
     if (own_copies <= natural_copies + (natural.fits(out) ? 0 : 1)) {
       kernel(out, own.input(inputs)...);
       return;

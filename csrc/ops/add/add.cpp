@@ -34,14 +34,14 @@ void add_into(const char* op, const Tensor& out, const Tensor& a, const Tensor& 
   run_kernel(
       op, out,
       [&](auto stream) {
-        return add_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), a.const_data_ptr(),
+        return add_cuda(to_dtype(dtype_of(out)), out.mutable_data_ptr(), a.const_data_ptr(),
                         b.const_data_ptr(), n, stream);
       },
       [&] {
-        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::add", [&] {
+        OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::add", [&] {
           cpu::for_each_element<scalar_t>(
-              AddOp{}, n, {a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>()},
-              {out.mutable_data_ptr<scalar_t>()});
+              AddOp{}, n, {data_as<scalar_t>(a), data_as<scalar_t>(b)},
+              {mutable_data_as<scalar_t>(out)});
         });
       });
 }

@@ -71,16 +71,16 @@ Tensor axpby(const Tensor& x, const Tensor& y, double alpha, double beta) {
   run_kernel(
       kAxpby, out,
       [&](auto stream) {
-        return axpby_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), xd.const_data_ptr(),
+        return axpby_cuda(to_dtype(dtype_of(out)), out.mutable_data_ptr(), xd.const_data_ptr(),
                           yd.const_data_ptr(), alpha, beta, n, stream);
       },
       [&] {
-        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::axpby", [&] {
+        OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::axpby", [&] {
           using A = opmath_t<scalar_t>;
           const AxpbyOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
           cpu::for_each_element<scalar_t>(
-              f, n, {xd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
-              {out.mutable_data_ptr<scalar_t>()});
+              f, n, {data_as<scalar_t>(xd), data_as<scalar_t>(yd)},
+              {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;
@@ -97,16 +97,16 @@ std::tuple<Tensor, Tensor> axpby_backward(const Tensor& grad, double alpha,
   run_kernel(
       kAxpbyBackward, grad_x,
       [&](auto stream) {
-        return axpby_backward_cuda(to_dtype(gd.scalar_type()), grad_x.mutable_data_ptr(), grad_y.mutable_data_ptr(),
+        return axpby_backward_cuda(to_dtype(dtype_of(gd)), grad_x.mutable_data_ptr(), grad_y.mutable_data_ptr(),
                                    gd.const_data_ptr(), alpha, beta, n, stream);
       },
       [&] {
-        OPFORGE_DISPATCH_FLOATING(gd.scalar_type(), "opforge::axpby_backward", [&] {
+        OPFORGE_DISPATCH_FLOATING(dtype_of(gd), "opforge::axpby_backward", [&] {
           using A = opmath_t<scalar_t>;
           const AxpbyBackwardOp<A> f{static_cast<A>(alpha), static_cast<A>(beta)};
           cpu::for_each_element<scalar_t>(
-              f, n, {gd.const_data_ptr<scalar_t>()},
-              {grad_x.mutable_data_ptr<scalar_t>(), grad_y.mutable_data_ptr<scalar_t>()});
+              f, n, {data_as<scalar_t>(gd)},
+              {mutable_data_as<scalar_t>(grad_x), mutable_data_as<scalar_t>(grad_y)});
         });
       });
   return {grad_x, grad_y};

@@ -62,13 +62,13 @@ Tensor sigmoid(const Tensor& x) {
   run_kernel(
       kSigmoid, out,
       [&](auto stream) {
-        return sigmoid_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), xd.const_data_ptr(), n,
+        return sigmoid_cuda(to_dtype(dtype_of(out)), out.mutable_data_ptr(), xd.const_data_ptr(), n,
                             stream);
       },
       [&] {
-        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::sigmoid", [&] {
-          cpu::for_each_element<scalar_t>(SigmoidOp{}, n, {xd.const_data_ptr<scalar_t>()},
-                                          {out.mutable_data_ptr<scalar_t>()});
+        OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::sigmoid", [&] {
+          cpu::for_each_element<scalar_t>(SigmoidOp{}, n, {data_as<scalar_t>(xd)},
+                                          {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;
@@ -85,15 +85,15 @@ Tensor sigmoid_backward(const Tensor& grad, const Tensor& y) {
   run_kernel(
       kSigmoidBackward, out,
       [&](auto stream) {
-        return sigmoid_backward_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(),
+        return sigmoid_backward_cuda(to_dtype(dtype_of(out)), out.mutable_data_ptr(),
                                      gd.const_data_ptr(), yd.const_data_ptr(), n, stream);
       },
       [&] {
-        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::sigmoid_backward", [&] {
+        OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::sigmoid_backward", [&] {
           cpu::for_each_element<scalar_t>(
               SigmoidBackwardOp{}, n,
-              {gd.const_data_ptr<scalar_t>(), yd.const_data_ptr<scalar_t>()},
-              {out.mutable_data_ptr<scalar_t>()});
+              {data_as<scalar_t>(gd), data_as<scalar_t>(yd)},
+              {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;

@@ -36,13 +36,13 @@ Tensor square(const Tensor& x) {
   run_kernel(
       kSquare, out,
       [&](auto stream) {
-        return square_cuda(to_dtype(out.scalar_type()), out.mutable_data_ptr(), xd.const_data_ptr(), n,
+        return square_cuda(to_dtype(dtype_of(out)), out.mutable_data_ptr(), xd.const_data_ptr(), n,
                            stream);
       },
       [&] {
-        OPFORGE_DISPATCH_FLOATING(out.scalar_type(), "opforge::square", [&] {
-          cpu::for_each_element<scalar_t>(SquareOp{}, n, {xd.const_data_ptr<scalar_t>()},
-                                          {out.mutable_data_ptr<scalar_t>()});
+        OPFORGE_DISPATCH_FLOATING(dtype_of(out), "opforge::square", [&] {
+          cpu::for_each_element<scalar_t>(SquareOp{}, n, {data_as<scalar_t>(xd)},
+                                          {mutable_data_as<scalar_t>(out)});
         });
       });
   return out;
