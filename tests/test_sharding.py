@@ -233,20 +233,22 @@ def test_a_user_operator_declared_pointwise_runs_on_dtensor_forward_and_backward
         torch.testing.assert_close(gathered(out), x / (1 + x.abs()))
 
 
-def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    env |= {"PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "opforge", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+def test_a_five_line_spec_file_with_pointwise_sharding_passes_the_check_and_a_planted_one_fails(tmp_path, seed, capsys, monkeypatch):
+    from opforge import cli
 
-
-def test_a_five_line_spec_file_with_pointwise_sharding_passes_the_check_and_a_planted_one_fails(tmp_path, seed):
-    res = opforge_cli("check", str(FIXTURE / "softsign_spec.py"), "--checks", "reference,sharding", "--seed", str(seed), cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "sharding" in res.stdout and res.stdout.strip().endswith("2 passed, 0 failed")
-    res = opforge_cli("check", str(FIXTURE / "wrong_square_spec.py"), "--checks", "sharding", "--seed", str(seed), cwd=tmp_path)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "x sharding: square [" in res.stdout and "declared x P -> P: output 0:" in res.stdout
-    assert res.stdout.strip().endswith("0 passed, 1 failed")
+    # `opforge check` in this process, its checks too, the table as wide as a log's.
+    monkeypatch.setattr(cli.out, "width", 200)
+    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["check", str(FIXTURE / "softsign_spec.py"), "--checks", "reference,sharding", "--seed", str(seed)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "sharding" in out and out.strip().endswith("2 passed, 0 failed")
+    code = cli.main(["check", str(FIXTURE / "wrong_square_spec.py"), "--checks", "sharding", "--seed", str(seed)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "x sharding: square [" in out and "declared x P -> P: output 0:" in out
+    assert out.strip().endswith("0 passed, 1 failed")
 
 
 def test_opforge_new_gets_a_commented_sharding_line():
