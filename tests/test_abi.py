@@ -11,6 +11,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,8 +57,24 @@ def compile_library(tmp: Path, name: str, source: str) -> Path:
 
 
 def abi_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m opforge.abi ARGS` in a process of its own, as where the opforge command is not installed."""
     env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1"}
     return subprocess.run([sys.executable, "-m", "opforge.abi", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def abi(capsys):
+    """The same command in this process (a process of its own would import torch again for each):
+    its exit status, stdout and stderr."""
+    from opforge.cli.abi import main
+
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +141,7 @@ def test_both_symbol_readers_agree(libs):
 
 
 def test_a_library_on_the_shim_is_stable(libs):
+    # As a user runs it: `python -m opforge.abi`, in a process of its own.
     res = abi_cli(str(libs["stable"]))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "2 from torch's stable C shim, 0 from torch outside it" in res.stdout
@@ -131,8 +149,8 @@ def test_a_library_on_the_shim_is_stable(libs):
     assert "verdict: stable: loads in every torch >= 2.10" in res.stdout
 
 
-def test_a_library_taking_a_c10_function_is_not_stable(libs):
-    res = abi_cli(str(libs["unstable"]))
+def test_a_library_taking_a_c10_function_is_not_stable(libs, abi):
+    res = abi(str(libs["unstable"]))
     assert res.returncode == 1, res.stdout + res.stderr
     assert "NOT STABLE: 1 symbol of libtorch/libc10" in res.stdout
     if shutil.which("c++filt"):
@@ -155,20 +173,20 @@ def test_mangled_names_are_sorted_without_cplusplus_filt(libs, monkeypatch):
     assert stable.stable and stable.min_version() == (2, 10)
 
 
-def test_a_wheel_is_audited_library_by_library(libs, tmp_path):
+def test_a_wheel_is_audited_library_by_library(libs, tmp_path, abi):
     wheel = tmp_path / "probe-0.1-cp310-abi3-linux_x86_64.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(libs["stable"], "probe/_C.abi3.so")
         z.write(libs["unstable"], "probe/libhelper.so.1")
         z.writestr("probe/__init__.py", "")
-    res = abi_cli(str(wheel))
+    res = abi(str(wheel))
     assert res.returncode == 1, res.stdout + res.stderr
     assert f"{wheel.name}!probe/_C.abi3.so" in res.stdout and f"{wheel.name}!probe/libhelper.so.1" in res.stdout
     assert "in 1 of 2 libraries" in res.stdout
     only_stable = tmp_path / "stable.whl"
     with zipfile.ZipFile(only_stable, "w") as z:
         z.write(libs["stable"], "probe/_C.abi3.so")
-    res = abi_cli(str(only_stable))
+    res = abi(str(only_stable))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -183,8 +201,8 @@ def test_a_wheel_is_audited_library_by_library(libs, tmp_path):
     ],
     ids=["missing", "text", "directory", "empty-wheel", "broken-wheel"],
 )
-def test_what_is_no_library_is_refused_with_exit_2(tmp_path, make, message):
-    res = abi_cli(str(make(tmp_path)))
+def test_what_is_no_library_is_refused_with_exit_2(tmp_path, make, message, abi):
+    res = abi(str(make(tmp_path)))
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.startswith("opforge abi: ") and message in res.stderr, res.stderr
     assert res.stdout == ""
@@ -204,20 +222,20 @@ def test_report_lists_the_first_symbols_then_how_many_more():
     assert "c10::f29()" in render([audit], shim_table(), show=sys.maxsize)
 
 
-def test_opforge_op_library_is_stable():
+def test_opforge_op_library_is_stable(abi):
     # opforge's own library is on the stable ABI: one build for every torch from 2.10 on.
-    res = abi_cli(str(opforge.load().path))
+    res = abi(str(opforge.load().path))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "verdict: stable: loads in every torch >= 2.10" in res.stdout
 
 
-def test_the_fast_path_module_is_not_stable():
+def test_the_fast_path_module_is_not_stable(abi):
     # The eager fast path uses torch's private autograd headers: built per torch, and said so.
     from opforge import fast
 
     module = fast.module()
     if module is None:
         pytest.skip(f"the fast path is off: {fast.why_off}")
-    res = abi_cli(module.__file__)
+    res = abi(module.__file__)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "verdict: NOT STABLE" in res.stdout

@@ -34,6 +34,26 @@ def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
+@pytest.fixture
+def opforge_here(capsys, monkeypatch):
+    """`opforge ARGS` from CWD in this process, its checks too: (exit status, stdout, stderr), the
+    tables at the width opforge_cli gives them. For what needs no process of its own."""
+    from opforge import cli
+
+    monkeypatch.setattr(cli.out, "width", 160)
+    monkeypatch.setattr(cli.err, "width", 160)
+    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")
+
+    def run(*args: str, cwd: Path) -> tuple[int, str, str]:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = cli.main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
 # --- operators of a user's, registered here through torch.library, none through opforge ---
 
 
@@ -103,18 +123,19 @@ def _muladd_spec(**fields) -> OpSpec:
 # --- opforge check / bench FILE.py, as users run them ---
 
 
-def test_check_of_a_spec_file_passes_with_what_the_schema_gives(tmp_path, seed):
+def test_check_of_a_spec_file_passes_with_what_the_schema_gives(tmp_path, seed, opforge_here):
     # Run from elsewhere: the file's own folder puts muladd_py beside it on sys.path.
-    res = opforge_cli("check", str(FIXTURE / "muladd_spec.py"), "--device", "cpu", "--seed", str(seed), cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "extension_cpp::mymuladd" in res.stdout
-    assert "samples, bench cases, cost and tolerances derived from the schema; no bad inputs declared" in res.stdout
+    code, out, err = opforge_here("check", str(FIXTURE / "muladd_spec.py"), "--device", "cpu", "--seed", str(seed), cwd=tmp_path)
+    assert code == 0, out + err
+    assert "extension_cpp::mymuladd" in out
+    assert "samples, bench cases, cost and tolerances derived from the schema; no bad inputs declared" in out
     # reference, opcheck, gradcheck and gradgradcheck (the owner's autograd formula), compile, export; no bad inputs to try.
-    assert res.stdout.strip().endswith("6 passed, 0 failed")
-    assert "none declared" in res.stdout
+    assert out.strip().endswith("6 passed, 0 failed")
+    assert "none declared" in out
 
 
 def test_check_of_a_spec_file_fails_when_its_reference_is_wrong(tmp_path, seed):
+    # In a process of its own: this one holds muladd_spec.py's spec of the same operator.
     res = opforge_cli(
         "check", str(FIXTURE / "wrong_reference_spec.py"), "--device", "cpu", "--seed", str(seed), "--checks", "reference", cwd=tmp_path
     )
@@ -123,17 +144,17 @@ def test_check_of_a_spec_file_fails_when_its_reference_is_wrong(tmp_path, seed):
     assert res.stdout.strip().endswith("0 passed, 1 failed")
 
 
-def test_bench_of_a_spec_file_times_it_against_eager_and_compiled(tmp_path, seed):
+def test_bench_of_a_spec_file_times_it_against_eager_and_compiled(tmp_path, seed, opforge_here):
     case = f"2^{BENCH_SIZES['cpu'][0].bit_length() - 1}"
-    res = opforge_cli(
+    code, out, err = opforge_here(
         "bench", str(FIXTURE / "muladd_spec.py"), "--device", "cpu", "--dtype", "float32", "--budget", "0.02", "--case", case,
         "--seed", str(seed), cwd=tmp_path,
     )  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    (row,) = [line for line in res.stdout.splitlines() if "│ mymuladd" in line]
+    assert code == 0, out + err
+    (row,) = [line for line in out.splitlines() if "│ mymuladd" in line]
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert cells[:3] == ["mymuladd", "float32", case]
-    header = next(line for line in res.stdout.splitlines() if "operator" in line and "vs compiled" in line)
+    header = next(line for line in out.splitlines() if "operator" in line and "vs compiled" in line)
     columns = [c.strip() for c in header.strip("┃ ").split("┃")]
     timed = dict(zip(columns, cells, strict=True))
     for column in ("opforge us", "eager us", "compiled us"):
@@ -332,6 +353,7 @@ def test_a_spec_file_that_exits_is_an_error_naming_the_file_and_line(tmp_path):
 
 
 def test_a_spec_file_over_opforges_own_operator_is_checked_with_its_reference(tmp_path, seed):
+    # In a process of its own, where opforge's op library is not loaded until the spec file names its operator.
     path = tmp_path / "own_spec.py"
     path.write_text("import torch, opforge\n\nSPECS = [opforge.spec(torch.ops.opforge.square.default, reference=lambda x: x * x + 1)]\n")
     res = opforge_cli("check", str(path), "--device", "cpu", "--seed", str(seed), "--checks", "reference", cwd=tmp_path)
