@@ -18,7 +18,12 @@
 // either way, only the cost differs. An operator that writes an argument (an
 // out= form) takes the fast path when no argument needs a gradient or carries
 // a tangent and inference mode is off: the written tensors' versions are bumped
-// after the call, as its Autograd kernel (opforge.autograd) does.
+// after the call, as its Autograd kernel (writes_arguments) does.
+//
+// The module also holds the autograd kernel of the operators that write an
+// argument (writes_arguments): it needs autograd's state (grad mode, forward
+// AD tangents, version counters), which the stable ABI of the operators'
+// own library does not reach.
 //
 // A Python module of its own, built for one torch (it uses torch's private
 // autograd headers): the op library stays on the stable ABI, and this module
@@ -38,6 +43,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
+
+#include "opforge/aten/common.h"
 
 #include <structmember.h>
 
@@ -677,8 +684,32 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   END_HANDLE_TH_ERRORS
 }
 
+// writes_arguments(qualname): registers common.h's writes_arguments_autograd
+// (what torch's own out= functions do: no argument may require grad or carry a
+// tangent; written tensors get a new version) as the operator's Autograd
+// kernel, for as long as the process lives. opforge.autograd has the same rules
+// in Python, for when this module is not there.
+PyObject* register_writes_arguments(PyObject* /*module*/, PyObject* arg) {
+  HANDLE_TH_ERRORS
+  const char* qualname = PyUnicode_AsUTF8(arg);
+  if (qualname == nullptr) return nullptr;
+  const std::string q(qualname);
+  const auto sep = q.find("::");
+  TORCH_CHECK(sep != std::string::npos, "opforge: writes_arguments takes ns::name, got ", q);
+  // Libraries hold their registrations; kept for the process's lifetime.
+  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  libraries.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, q.substr(0, sep),
+                                                       c10::DispatchKey::Autograd, __FILE__, __LINE__));
+  libraries.back()->impl(q.substr(sep + 2).c_str(),
+                         torch::CppFunction::makeFromBoxedFunction<&writes_arguments_autograd>());
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"fast_op", make_fast_op, METH_O, "fast_op(qualname) -> a callable for the eager fast path, or None"},
+    {"writes_arguments", register_writes_arguments, METH_O,
+     "writes_arguments(qualname): the autograd kernel of an operator that writes an argument"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

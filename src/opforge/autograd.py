@@ -10,10 +10,10 @@ inputs and ``torch.func.jvp`` returns zeros. Here an operator without a
 raises when it is given a tangent, each naming the operator.
 
 Operators that write an argument (out= forms) refuse both, as torch's own
-out= functions do, and bump the version of what they wrote
-(``_register_writes_arguments``, the one kernel of that rule; the eager fast
-path skips it only where it would do nothing but the bump, which it does
-itself). An operator whose library registered an Autograd kernel itself keeps it.
+out= functions do, and bump the version of what they wrote: through the C++
+kernel of the fast-path module (opforge.fast) when it is there, else through
+``_writes_arguments`` here, with the same words. An operator whose library
+registered such a kernel itself (``OPFORGE_REGISTER_WRITES_ARGUMENTS``) keeps it.
 """
 
 from __future__ import annotations
@@ -70,30 +70,32 @@ _FUNCTORCH_REFUSAL = "with functorch transforms"
 
 
 def _register_writes_arguments(spec: OpSpec) -> None:
-    # In Python, not C++: through torch.ops the call's own argument parsing dominates (a C++ kernel
-    # measured 8.7 against this one's 8.4 us per add_out call on the CPU), and the public function's
-    # fast path does not reach an Autograd kernel at all.
+    from opforge import fast
+
+    module = fast.module()
+    if module is not None:
+        module.writes_arguments(spec.qualname)
+        return
     arguments = spec.schema.arguments
-    written = frozenset(spec.mutated_args)
+    written = set(spec.mutated_args)
 
     def kernel(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
         values = [*args, *(kwargs[a.name] for a in arguments[len(args) :] if a.name in kwargs)]
         grad_on = torch.is_grad_enabled()
-        forward_ad = fwad._current_level >= 0
         for i, value in enumerate(values):
             if not isinstance(value, torch.Tensor):
                 continue
+            name = arguments[i].name
             if grad_on and value.requires_grad:
                 what = "writes into it" if i in written else "writes into an argument"
                 raise RuntimeError(
-                    f"{spec.qualname}: {arguments[i].name} requires grad, but this operator {what} and has no derivative "
-                    "(as torch's out= functions). Call it under torch.no_grad(), on detached tensors, or use the "
-                    "functional form"
+                    f"{spec.qualname}: {name} requires grad, but this operator {what} and has no derivative (as torch's "
+                    "out= functions). Call it under torch.no_grad(), on detached tensors, or use the functional form"
                 )
-            if forward_ad and fwad.unpack_dual(value).tangent is not None:
+            if fwad._current_level >= 0 and fwad.unpack_dual(value).tangent is not None:
                 raise NotImplementedError(
-                    f"{spec.qualname}: {arguments[i].name} has a tangent, but forward-mode AD is not supported by an "
-                    "operator that writes an argument (as torch's out= functions)"
+                    f"{spec.qualname}: {name} has a tangent, but forward-mode AD is not supported by an operator that "
+                    "writes an argument (as torch's out= functions)"
                 )
         with torch._C._AutoDispatchBelowADInplaceOrView():
             out = spec.overload.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, *args, **kwargs)

@@ -4,7 +4,8 @@ operator's kernel without torch.ops's generic argument parsing and without the
 Python autograd kernel, when no gradient is needed. It returns NotImplemented
 when it may not (a tensor needs a gradient, a tensor subclass, keyword
 arguments, a __torch_function__ mode): the public function then takes the full
-path.
+path. The same module holds the C++ autograd kernel of the operators that
+write an argument (``writes_arguments``).
 
 The op library itself is on PyTorch's stable ABI and loads in any torch from
 its target on; this module uses torch's private autograd headers, so it is
