@@ -276,7 +276,7 @@ def test_a_compile_during_which_the_fast_path_attaches_still_works(seed):
     # it was None, then guarding on it once it held the C++ object, raised "Unexpected type
     # FastOp" (seen compiling a tensor-parallel model under torchrun). A backend that attaches it
     # in the middle of the compile makes that moment certain.
-    from opforge.spec import _declined
+    from opforge.public import _declined
 
     fn = opforge.sigmoid
     fast = fn._opforge_fast
@@ -311,7 +311,7 @@ def test_a_compile_during_which_the_fast_path_attaches_still_works(seed):
 
 
 def test_only_a_setup_context_that_does_nothing_is_skipped():
-    from opforge.spec import _does_nothing
+    from opforge.public import _does_nothing
 
     def empty(ctx, inputs, output):
         pass
@@ -332,7 +332,7 @@ def test_only_a_setup_context_that_does_nothing_is_skipped():
 
 
 def test_a_setup_context_that_only_saves_one_tensor_is_recognised():
-    from opforge.spec import _saves_one
+    from opforge.public import _saves_one
 
     def output(ctx, inputs, result):
         ctx.save_for_backward(result)
@@ -395,7 +395,7 @@ def test_a_recognised_setup_context_is_not_called_and_its_backward_gets_the_save
 def test_the_public_function_takes_the_schemas_parameters_and_keywords_take_the_fast_path(seed):
     import inspect
 
-    from opforge.spec import _exact_signature_function
+    from opforge.public import _exact_signature_function
 
     for name in ("add", "add_out", "square", "sigmoid", "axpby"):
         code = SPECS[name].function.__code__

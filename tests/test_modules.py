@@ -383,6 +383,7 @@ TOP_LEVEL = {
     "opforge.elf_symbols": "an ELF file's symbols, read without loading it",
     "opforge.export": "torch.export and AOTInductor packages that carry their op libraries",
     "opforge.fast": "the eager fast path",
+    "opforge.public": "an operator's public function: the fast path, else the dispatcher",
     "opforge.nn": "torch.nn modules over the operators",
     "opforge.nvml": "the GPU's clocks and name, without CUDA",
     "opforge.parallel": "tensor-parallel styles for the quantised linear",
