@@ -196,10 +196,10 @@ NINE = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("75", "80", "86", "87
     ],
 )
 def test_a_setup_py_asking_for_many_archs_builds_the_gpus_here_unless_told(monkeypatch, here, all_archs, built, said):
-    from opforge.builder import archs
+    from opforge.builder import setup_py
     from opforge.builder.setup_py import SetupExtension, cuda_targets
 
-    monkeypatch.setattr(archs, "present_archs", lambda: here)
+    monkeypatch.setattr(setup_py, "present_archs", lambda: here)  # where cuda_targets reads it
     # Nine archs, one of them as two tokens with its PTX, the others one token each.
     sm90 = ("-gencode", "arch=compute_90a,code=[sm_90a,compute_90a]")
     nvcc = ("-O3", *NINE[:5], *sm90, *NINE[6:], "--use_fast_math")
