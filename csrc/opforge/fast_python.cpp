@@ -120,6 +120,33 @@ using torch::autograd::variable_list;
 // std::shared_ptr<Node> before torch 2.12, c10::intrusive_ptr<Node> since.
 using NodePtr = decltype(std::declval<torch::autograd::Edge>().function);
 
+// ctx.needs_input_grad for `mask` (bit t: the t-th tensor argument needs a gradient): a new
+// tuple, or null with a Python error set.
+PyObject* needs_tuple(const std::vector<bool>& tensor_arg, size_t mask) {
+  const auto total = static_cast<Py_ssize_t>(tensor_arg.size());
+  PyObject* needs = PyTuple_New(total);
+  if (needs == nullptr) return nullptr;
+  size_t t = 0;
+  for (Py_ssize_t i = 0; i < total; ++i) {
+    bool needs_grad = false;
+    if (tensor_arg[static_cast<size_t>(i)]) needs_grad = ((mask >> t++) & 1U) != 0;
+    PyTuple_SET_ITEM(needs, i, PyBool_FromLong(needs_grad));
+  }
+  return needs;
+}
+
+// Sets ctx.needs_input_grad, in its slot (the byte offset `slot`) or as an attribute (`slot` -1),
+// taking the reference to `needs`; -1 with a Python error set.
+int set_needs_input_grad(PyObject* ctx, Py_ssize_t slot, PyObject* needs) {
+  if (slot >= 0) {
+    Py_XSETREF(*reinterpret_cast<PyObject**>(reinterpret_cast<char*>(ctx) + slot), needs);
+    return 0;
+  }
+  const int set = PyObject_SetAttr(ctx, names.needs_input_grad, needs);
+  Py_DECREF(needs);
+  return set;
+}
+
 // The backward of one fast-path call: the spec's Python backward(ctx, *grads).
 struct PyBackward : Node {
   PyObject* backward = nullptr;  // the spec's function (lives as long as the process)
@@ -193,28 +220,10 @@ struct PyBackward : Node {
     auto* type = reinterpret_cast<PyTypeObject*>(ctx_type);
     PyObject* made = plain_ctx ? type->tp_alloc(type, 0) : PyObject_CallNoArgs(ctx_type);
     if (made == nullptr) throw python_error();
-    const auto total = static_cast<Py_ssize_t>(info->tensor_arg.size());
-    PyObject* needs = PyTuple_New(total);
-    if (needs == nullptr) {
+    PyObject* needs = needs_tuple(info->tensor_arg, needs_mask);
+    if (needs == nullptr || set_needs_input_grad(made, needs_slot, needs) < 0) {
       Py_DECREF(made);
       throw python_error();
-    }
-    size_t t = 0;
-    for (Py_ssize_t i = 0; i < total; ++i) {
-      bool needs_grad = false;
-      if (info->tensor_arg[static_cast<size_t>(i)]) needs_grad = ((needs_mask >> t++) & 1U) != 0;
-      PyTuple_SET_ITEM(needs, i, PyBool_FromLong(needs_grad));
-    }
-    if (needs_slot >= 0) {
-      PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(made) + needs_slot);
-      Py_XSETREF(*slot, needs);
-    } else {
-      const int set = PyObject_SetAttr(made, names.needs_input_grad, needs);
-      Py_DECREF(needs);
-      if (set < 0) {
-        Py_DECREF(made);
-        throw python_error();
-      }
     }
     ctx = made;
   }
@@ -268,27 +277,26 @@ Py_ssize_t slot_offset(PyObject* type, PyObject* name) {
   return member->type == T_OBJECT_EX && (member->flags & READONLY) == 0 ? member->offset : -1;
 }
 
+// Bit t: the t-th tensor argument needs a gradient.
+size_t grad_mask(const Tensors& tensors) {
+  size_t mask = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) mask |= static_cast<size_t>(tensors[t].requires_grad()) << t;
+  return mask;
+}
+
 // ctx.needs_input_grad: a new reference, or null with a Python error set. One tuple per mask of
 // the tensor arguments that need a gradient, shared by the calls (tuples are immutable).
 PyObject* needs_input_grad(const FastOp* f, const Tensors& tensors) {
   const std::vector<bool>& tensor_arg = (*f->node_info)->tensor_arg;
-  const auto total = static_cast<Py_ssize_t>(tensor_arg.size());
-  size_t mask = 0;
-  for (size_t t = 0; t < tensors.size(); ++t) mask |= static_cast<size_t>(tensors[t].requires_grad()) << t;
+  const size_t mask = grad_mask(tensors);
   std::vector<PyObject*>& cache = *f->needs_cache;
   const bool cacheable = mask < cache.size();
   if (cacheable && cache[mask] != nullptr) {
     Py_INCREF(cache[mask]);
     return cache[mask];
   }
-  PyObject* needs = PyTuple_New(total);
+  PyObject* needs = needs_tuple(tensor_arg, mask);
   if (needs == nullptr) return nullptr;
-  size_t t = 0;
-  for (Py_ssize_t i = 0; i < total; ++i) {
-    bool needs_grad = false;
-    if (tensor_arg[static_cast<size_t>(i)]) needs_grad = ((mask >> t++) & 1U) != 0;
-    PyTuple_SET_ITEM(needs, i, PyBool_FromLong(needs_grad));
-  }
   if (cacheable) {
     Py_INCREF(needs);
     cache[mask] = needs;
@@ -313,9 +321,7 @@ PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const Ten
     node->ctx_type = f->ctx_type;
     node->plain_ctx = f->plain_ctx;
     node->needs_slot = f->needs_slot;
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      node->needs_mask |= static_cast<size_t>(tensors[t].requires_grad()) << t;
-    }
+    node->needs_mask = grad_mask(tensors);
     if (f->saves == kSavesOutput) {
       node->saved.emplace_back(out, /*is_output=*/true);
     } else if (f->saves >= 0) {
@@ -331,14 +337,7 @@ PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const Ten
   node->ctx = ctx;  // the node owns it from here
   PyObject* needs = needs_input_grad(f, tensors);
   if (needs == nullptr) return nullptr;
-  if (f->needs_slot >= 0) {
-    PyObject** slot = object_slot(ctx, f->needs_slot);
-    Py_XSETREF(*slot, needs);
-  } else {
-    const int set = PyObject_SetAttr(ctx, names.needs_input_grad, needs);
-    Py_DECREF(needs);
-    if (set < 0) return nullptr;
-  }
+  if (set_needs_input_grad(ctx, f->needs_slot, needs) < 0) return nullptr;
   PyObject* py_out = THPVariable_Wrap(out);
   if (py_out == nullptr) return nullptr;
   if (f->setup_context == Py_None) return py_out;  // a setup_context that does nothing (opforge.spec tells)
