@@ -97,6 +97,24 @@ def test_build_once_then_reuse_then_rebuild_when_corrupted(tmp_path, cache):
     assert third.built_now and third.path.stat().st_size > 1000
 
 
+def test_two_checkouts_of_the_same_sources_share_one_entry_and_keep_its_file(tmp_path, cache):
+    # Two clones of one project (or of opforge) build the same sources from different folders: one
+    # cache entry (the key is the content), each under its own file name (its own object directory).
+    # The second must take the first one's library, not rebuild the entry and delete a file the
+    # first one's processes have loaded or are about to.
+    first_dir, second_dir = tmp_path / "clone_a", tmp_path / "clone_b"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = _tiny(first_dir, "opforge_tiny_clones")
+    second = _tiny(second_dir, "opforge_tiny_clones")
+    assert first.key() == second.key() and first.objects_key() != second.objects_key()
+    a = build_library(first, quiet=True)
+    b = build_library(second, quiet=True)
+    assert a.built_now and not b.built_now
+    assert b.path == a.path and a.path.is_file()
+    assert build_library(first, quiet=True).path == a.path
+
+
 def test_compiler_error_shows_file_line_and_message(tmp_path, cache):
     cfg = _tiny(tmp_path, "opforge_tiny_broken", body="int broken() {\n  return undeclared_name;\n}\n")
     with pytest.raises(BuildError) as info:

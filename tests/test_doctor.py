@@ -95,7 +95,8 @@ def test_library_section_names_the_entry_without_building(clean_env):
     entry.mkdir()
     so = entry / f"{module_name(library_config())}.so"
     so.write_bytes(b"not really a library")
-    (entry / "COMPLETE.json").write_text(json.dumps({"size": so.stat().st_size, "sha256": hashlib.sha256(so.read_bytes()).hexdigest()}))
+    marker = {"library": so.name, "size": so.stat().st_size, "sha256": hashlib.sha256(so.read_bytes()).hexdigest()}
+    (entry / "COMPLETE.json").write_text(json.dumps(marker))
     assert collect().library.state == "built"
     so.write_bytes(b"changed after the build")
     assert collect().library.state == "corrupt"

@@ -57,16 +57,18 @@ def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
     key = cfg.key()
     root = cache_root()
     entry = root / f"{cfg.name}-{key[:16]}"
-    so = entry / f"{module_name(cfg)}.so"
     built_now, seconds = False, None
-    if not is_complete(entry, so):
+    so = complete_library(entry)
+    if so is None:
         objects = root / f"{cfg.name}-{cfg.objects_key()[:16]}.objects"
         # One lock per object directory: it serialises every build that writes there.
         with exclusive(root / f"{objects.name}.lock", quiet=quiet):
             # Another process may have finished it while we waited.
-            if not is_complete(entry, so):
-                seconds = _build(cfg, objects, so.stem, quiet=quiet)
-                _publish(objects / so.name, entry, seconds, len(cfg.sources))
+            so = complete_library(entry)
+            if so is None:
+                name = module_name(cfg)
+                seconds = _build(cfg, objects, name, quiet=quiet)
+                so = _publish(objects / f"{name}.so", entry, seconds, len(cfg.sources))
                 built_now = True
     # The directory's mtime is its last use: `opforge cache clean --older-than` reads it.
     with contextlib.suppress(OSError):
@@ -76,9 +78,7 @@ def build_library(cfg: BuildConfig, *, quiet: bool = False) -> Library:
 
 def cached_path(cfg: BuildConfig) -> Path | None:
     """The library of ``cfg`` when the cache has it complete, else None; builds nothing."""
-    entry = cache_root() / f"{cfg.name}-{cfg.key()[:16]}"
-    so = entry / f"{module_name(cfg)}.so"
-    return so if is_complete(entry, so) else None
+    return complete_library(cache_root() / f"{cfg.name}-{cfg.key()[:16]}")
 
 
 def module_name(cfg: BuildConfig) -> str:
@@ -176,13 +176,23 @@ def check_safe_to_load(path: Path, *, in_cache: bool = True, root_ok: bool = Fal
             )
 
 
-def is_complete(entry: Path, so: Path) -> bool:
-    """True when the marker exists and the library matches what it recorded."""
+def complete_library(entry: Path) -> Path | None:
+    """The library in cache ``entry`` when its marker exists and the file it
+    names matches what it recorded; else None.
+
+    The marker names the file: two checkouts of the same sources share the
+    entry (its key is their content), but each builds under a file name of its
+    own (``module_name``: their object directories differ), and the one that
+    comes second must load the first one's file rather than rebuild the entry
+    from under a process that loaded it."""
     try:
         meta = json.loads((entry / _MARKER).read_text())
-        return so.stat().st_size == meta["size"] and _sha256(so) == meta["sha256"]
-    except (OSError, ValueError, KeyError):
-        return False
+        so = entry / meta["library"]
+        if so.parent == entry and so.stat().st_size == meta["size"] and _sha256(so) == meta["sha256"]:
+            return so
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def _sha256(path: Path) -> str:
@@ -388,21 +398,28 @@ def _precompiled(cfg: BuildConfig, compiler: str, *, quiet: bool) -> Iterator[Pc
         yield pch
 
 
-def _publish(built: Path, entry: Path, seconds: float, n_sources: int) -> None:
+def _publish(built: Path, entry: Path, seconds: float, n_sources: int) -> Path:
     """Makes ``entry`` hold ``built`` (a hard link: the same inode, so a process
     that loaded the object directory's file and then loads the entry's gets
-    the library it already has) and, last, its completion marker."""
-    shutil.rmtree(entry, ignore_errors=True)
-    entry.mkdir(mode=0o700, parents=True)
-    so = entry / built.name
-    try:
-        os.link(built, so)
-    except OSError:  # a filesystem without hard links
-        shutil.copy2(built, so)
-    marker = {"size": so.stat().st_size, "sha256": _sha256(so), "seconds": round(seconds, 2), "sources": n_sources}
-    tmp = entry / (_MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker))
-    os.replace(tmp, entry / _MARKER)
+    the library it already has) and, last, its completion marker; returns the
+    entry's library. Under the entry's own lock: a build of the same sources
+    from another checkout (another object directory, so another lock) may
+    finish first, and then its complete entry is kept and returned."""
+    with exclusive(entry.with_name(f"{entry.name}.lock"), quiet=True):
+        if (done := complete_library(entry)) is not None:
+            return done
+        shutil.rmtree(entry, ignore_errors=True)
+        entry.mkdir(mode=0o700, parents=True)
+        so = entry / built.name
+        try:
+            os.link(built, so)
+        except OSError:  # a filesystem without hard links
+            shutil.copy2(built, so)
+        marker = {"library": so.name, "size": so.stat().st_size, "sha256": _sha256(so), "seconds": round(seconds, 2), "sources": n_sources}
+        tmp = entry / (_MARKER + ".tmp")
+        tmp.write_text(json.dumps(marker))
+        os.replace(tmp, entry / _MARKER)
+        return so
 
 
 def _check_toolchain(cfg: BuildConfig) -> None:

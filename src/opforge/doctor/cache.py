@@ -15,7 +15,7 @@ from pathlib import Path
 from opforge.builder import cache as build_cache
 from opforge.builder.config import library_config
 from opforge.builder.errors import BuildError
-from opforge.builder.jit import cache_root, is_complete, module_name
+from opforge.builder.jit import cache_root, complete_library
 from opforge.builder.prebuilt import choose_prebuilt, library_file
 from opforge.builder.store import CacheDirError
 from opforge.builder.toolchain import Problem
@@ -218,7 +218,7 @@ def probe_library(problems: list[Problem], cache: CacheInfo) -> LibraryInfo:
     elif state.state == "complete":
         # The checksum is what load_library checks too: a library changed after
         # its build is rebuilt, not loaded.
-        if is_complete(entry, entry / f"{module_name(cfg)}.so"):
+        if complete_library(entry) is not None:
             info.state = "built"
         else:
             info.state, info.note = "corrupt", "its library does not match its checksum; the next build replaces it"
