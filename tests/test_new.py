@@ -87,6 +87,17 @@ def test_build_builds_and_loads_it(package):
 
 
 @pytest.mark.slow
+def test_build_takes_a_bare_folder_name_as_the_folder(package, env):
+    # `opforge build NAME`, the guide's spelling: a folder, not an operator's name as check and bench
+    # read a bare word. It builds (here: finds in the cache) and loads the package, and says where.
+    root, _, _ = package
+    res = opforge_cli(env, "build", NAME, cwd=root.parent)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{NAME}: " in res.stdout and f"{NAME}.so (cached; CUDA kernels: no)" in res.stdout, res.stdout
+    assert f"operators {NAME}::{NAME} loaded" in res.stdout
+
+
+@pytest.mark.slow
 def test_bench_times_the_package_through_the_eager_fast_path(package, env):
     # What `opforge bench DIR` does before loading the package (the CLI runs with
     # OPFORGE_NO_AUTOLOAD=1): without it, the package's functions would go through torch.ops.

@@ -50,7 +50,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def build_project(path: Path) -> int:
-    names, _, _ = resolve_targets([str(path)])
+    # Resolved: `opforge build NAME` names a folder, where check and bench read a bare word as an operator.
+    names, _, _ = resolve_targets([str(path.resolve())])
     lib = project_library(path)
     if lib is not None:
         how = "prebuilt" if lib.route == "prebuilt" else f"built in {lib.build_seconds:.1f} s" if lib.built_now else "cached"
