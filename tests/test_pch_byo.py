@@ -105,6 +105,21 @@ def test_a_folder_with_torch_headers_of_its_own_gets_none_and_is_told_why(tmp_pa
     assert p.summary(root, 1) == f"none: {root / 'include'} has its own torch/library.h, which the sources would include instead of torch's"
 
 
+def test_opforge_kit_counts_as_a_torch_header_where_it_is_opforges_own(tmp_path):
+    # What `opforge new` writes: a standard header, then opforge's ATen kit (quoted, on the include path).
+    kit = '#include <cmath>\n\n#include "opforge/aten/common.h"\n#include "my_op_kernel.h"\n'
+    assert torch_prefix(kit) == ("<cmath>", '"opforge/aten/common.h"')
+    assert torch_prefix('#include "opforge/messages.h"\n#include <torch/library.h>\n') == ()  # not the kit: left alone
+    root = write(tmp_path / "kit", {"op.cpp": kit, "my_op_kernel.h": "#pragma once\n"})
+    cfg, p = with_torch_pch(folder_config(root, with_cuda=False))
+    assert cfg.pch_headers == ("<cmath>", '"opforge/aten/common.h"') and cfg.pch_units == (root / "op.cpp",)
+    # A folder with a file of the kit's name would include its own: the kit is not precompiled for it.
+    for where in ("opforge/aten/common.h", "include/opforge/aten/common.h"):
+        own = write(tmp_path / where.replace("/", "_"), {"op.cpp": kit, where: "#pragma once\n"})
+        cfg, p = with_torch_pch(folder_config(own, with_cuda=False))
+        assert cfg.pch_headers == () and p.summary(own, 1).startswith("none: ") and "has its own opforge/aten/common.h" in p.summary(own, 1)
+
+
 def test_no_header_when_turned_off_or_when_nothing_begins_with_torch(tmp_path, monkeypatch):
     root = write(tmp_path / "p", {"op.cpp": "#include <torch/library.h>\n", "k.cpp": '#include "k.h"\n'})
     monkeypatch.setenv("OPFORGE_PCH", "0")

@@ -387,11 +387,15 @@ def _precompiled(cfg: BuildConfig, compiler: str, *, quiet: bool) -> Iterator[Pc
     """``cfg.pch_headers`` precompiled (None without them, or where it cannot
     be), the header kept in the cache meanwhile. Users' units take torch's
     headers from torch's own paths: their include folders stay out of the
-    header's flags, and so out of its key, and one header serves every folder."""
+    header's flags, and so out of its key, and one header serves every folder
+    (the folder of opforge's kit stays in, where the header begins with it)."""
     if not cfg.pch_headers or os.environ.get("OPFORGE_PCH", "1") == "0":
         yield None
         return
-    includes = [] if cfg.pch_units else [f"-I{d}" for d in cfg.include_dirs]
+    # Of a users' build, only the folders a quoted header (opforge's kit) is found in.
+    quoted = [h.strip('"') for h in cfg.pch_headers if h.startswith('"')]
+    kept = [d for d in cfg.include_dirs if not cfg.pch_units or any((d / q).is_file() for q in quoted)]
+    includes = [f"-I{d}" for d in kept]
     # An in-process rebuild's marker names no header: a header of its own would cost a full parse.
     cflags = [f for f in cfg.cflags if not f.startswith("-DOPFORGE_IN_PROCESS_REBUILD=")]
     with precompiled_header(cfg.pch_headers, [*includes, *torch_cxx_flags(), *cflags], compiler=compiler, quiet=quiet) as pch:

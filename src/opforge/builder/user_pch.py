@@ -9,12 +9,17 @@ That prefix, exactly as written, becomes the precompiled header
 the cache and shared by every folder that begins the same way), and each
 source that begins with it is compiled with it in front (``BuildConfig.pch_units``).
 
+opforge's own ATen kit for users' code (``#include "opforge/aten/common.h"``,
+what ``opforge new`` writes) counts as a torch header: it holds only torch's
+headers and opforge's, so a source that begins with it gets it precompiled too.
+
 A source is left alone when anything could make the header mean something
-else for it: a ``#define``, ``#if`` or quoted include before its torch headers,
-no torch header at its top, or a folder on the include path holding a file
-of one of the header's names (``torch/extension.h`` of its own), which the
-file would find instead of torch's. GCC checks the rest (flags, macros from
-the command line) and compiles without the header where it does not fit.
+else for it: a ``#define``, ``#if`` or another quoted include before its torch
+headers, no torch header at its top, or a folder on the include path (or the
+source's own folder, for the kit) holding a file of one of the header's names
+(``torch/extension.h`` of its own), which the file would find instead of
+torch's or opforge's. GCC checks the rest (flags, macros from the command
+line) and compiles without the header where it does not fit.
 """
 
 from __future__ import annotations
@@ -27,14 +32,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opforge.builder.binding import strip_comments
+from opforge.builder.config import csrc_dir
 from opforge.builder.discover import CPP_SUFFIXES
 from opforge.builder.jit import BuildConfig
 
 # The header families torch installs; a CUDA or HIP header (c10/cuda/...) needs the toolkit's.
 _TORCH_FAMILY = ("torch/", "ATen/", "c10/")
 _DEVICE_FOLDERS = {"cuda", "hip", "mps", "xpu", "mtia"}
+# opforge's kit for users' builds, included quoted (found on the include path opforge adds).
+KIT_HEADERS = ("opforge/aten/common.h",)
 _DIRECTIVE = re.compile(r"#\s*(\w+)\s*(.*)")
 _ANGLE = re.compile(r"<([^<>\s]+)>\s*$")
+_QUOTED = re.compile(r'"([^"\s]+)"\s*$')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +93,11 @@ def torch_prefix(text: str) -> tuple[str, ...]:
             break
         angle = _ANGLE.fullmatch(m[2].strip())
         if angle is None:
+            quoted = _QUOTED.fullmatch(m[2].strip())
+            if quoted is not None and quoted[1] in KIT_HEADERS:
+                taken.append(f'"{quoted[1]}"')
+                last_torch = len(taken)
+                continue
             break  # a quoted header may #define what torch's headers test
         name = angle[1]
         if name.startswith(_TORCH_FAMILY) and not is_torch_header(name):
@@ -97,12 +111,20 @@ def torch_prefix(text: str) -> tuple[str, ...]:
 def shadowed(headers: Sequence[str], include_dirs: Sequence[Path]) -> str:
     """The first of ``include_dirs`` that holds a file of one of ``headers``'
     names, said as "<dir> has <name>"; "" when none does. The sources would
-    find that file, the precompiled header torch's."""
+    find that file, the precompiled header torch's (or opforge's: its own
+    kit, found where opforge keeps it, is the header, not a shadow)."""
     for d in include_dirs:
         for h in headers:
-            if (Path(d) / h.strip("<>")).is_file():
-                return f"{d} has its own {h.strip('<>')}"
+            name = h.strip('<>"')
+            found = Path(d) / name
+            if found.is_file() and not (h.startswith('"') and _is_kit(found, name)):
+                return f"{d} has its own {name}"
     return ""
+
+
+def _is_kit(path: Path, name: str) -> bool:
+    kit = csrc_dir() / name
+    return kit.is_file() and path.samefile(kit)
 
 
 def plan(sources: Sequence[Path], include_dirs: Sequence[Path]) -> Plan:
@@ -117,9 +139,12 @@ def plan(sources: Sequence[Path], include_dirs: Sequence[Path]) -> Plan:
         return Plan((), (), "off (OPFORGE_PCH=0)")
     best = max(counts.values())
     headers = next(p for p in prefixes.values() if counts.get(p) == best)
-    if why := shadowed(headers, include_dirs):
+    units = tuple(s for s, p in prefixes.items() if p == headers)
+    # A quoted include is looked for in the including file's folder first.
+    own = [u.parent for u in units] if any(h.startswith('"') for h in headers) else []
+    if why := shadowed(headers, [*dict.fromkeys(own), *include_dirs]):
         return Plan((), (), f"none: {why}, which the sources would include instead of torch's")
-    return Plan(headers, tuple(s for s, p in prefixes.items() if p == headers))
+    return Plan(headers, units)
 
 
 def with_torch_pch(cfg: BuildConfig) -> tuple[BuildConfig, Plan]:
@@ -130,4 +155,4 @@ def with_torch_pch(cfg: BuildConfig) -> tuple[BuildConfig, Plan]:
     return dataclasses.replace(cfg, pch_headers=p.headers, pch_units=p.units), p
 
 
-__all__ = ["Plan", "is_torch_header", "plan", "shadowed", "torch_prefix", "with_torch_pch"]
+__all__ = ["KIT_HEADERS", "Plan", "is_torch_header", "plan", "shadowed", "torch_prefix", "with_torch_pch"]
