@@ -29,6 +29,7 @@ import pytest
 import torch
 
 import opforge
+from opforge import cli
 from opforge.builder import cache_root
 
 # The eager fast path's module too (its first build runs in the background): tests see what users' calls run.
@@ -89,6 +90,30 @@ def pch_cache(shared_cache: Path, monkeypatch) -> Path:
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
     monkeypatch.setenv("OPFORGE_PCH", "1")
     return shared_cache
+
+
+@pytest.fixture
+def opforge_here(capsys, monkeypatch):
+    """`opforge ARGS` in this process, its checks too: (exit status, stdout, stderr). A process of
+    its own would import torch again for each command; keep those for what only a real process
+    shows (the entry point, a crash, the time limit). The tables at the width of a log, as a piped
+    `opforge` prints them; ``cwd``: the folder the command runs from."""
+    monkeypatch.setattr(cli.out, "width", 200)
+    monkeypatch.setattr(cli.err, "width", 200)
+    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")
+
+    def run(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            code = cli.main(list(args))
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
 
 
 def pytest_configure(config) -> None:

@@ -50,19 +50,6 @@ def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "opforge", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
-def check_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
-    """`opforge ARGS` in this process, its checks too: (exit status, stdout, stderr). The tables
-    at the width opforge_cli gives them."""
-    from opforge import cli
-
-    monkeypatch.setattr(cli.out, "width", 200)
-    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")
-    capsys.readouterr()
-    code = cli.main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _row(stdout: str, op: str) -> list[str]:
     (line,) = [line for line in stdout.splitlines() if f"│ {op} " in line]
     return [c.strip() for c in line.strip("│ ").split("│")]
@@ -71,16 +58,15 @@ def _row(stdout: str, op: str) -> list[str]:
 # --- gradients of a float32-only operator ---
 
 
-def test_a_float32_only_spec_file_passes_when_right_and_fails_when_its_gradient_is_wrong(tmp_path, seed, capsys, monkeypatch):
+def test_a_float32_only_spec_file_passes_when_right_and_fails_when_its_gradient_is_wrong(tmp_path, seed, opforge_here):
     right, wrong = REAL / "muladd_f32_spec.py", REAL / "muladd_f32_wrong_grad_spec.py"
     assert len(right.read_text().splitlines()) <= 5 and len(wrong.read_text().splitlines()) <= 5
-    monkeypatch.chdir(tmp_path)
-    code, out, err = check_here(capsys, monkeypatch, "check", str(right), "--device", "cpu", "--seed", str(seed))
+    code, out, err = opforge_here("check", str(right), "--device", "cpu", "--seed", str(seed), cwd=tmp_path)
     assert code == 0, out + err
     cells = _row(out, "real_ops::muladd_f32")
     assert cells[1:6] == ["pass (14)", "pass (6)", "pass (6) float32", "pass (2) float32", "pass (1)"], cells
     assert "muladd_f32 gradcheck: in float32, the widest dtype the spec declares (dtypes=float32): eps 0.001, atol 0.01, rtol 0.01" in out
-    code, out, err = check_here(capsys, monkeypatch, "check", str(wrong), "--device", "cpu", "--seed", str(seed), "--checks", "gradcheck")
+    code, out, err = opforge_here("check", str(wrong), "--device", "cpu", "--seed", str(seed), "--checks", "gradcheck")
     assert code == 1, out + err
     assert _row(out, "real_ops::muladd_f32_wrong_grad")[1] == "FAIL (6/6) float32"
     assert "x gradcheck: muladd_f32_wrong_grad float32 [scalar]: Jacobian mismatch for output 0 with respect to input 0 (a): numerical" in (

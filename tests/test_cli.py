@@ -25,31 +25,8 @@ def opforge_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env={**env, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=900)
 
 
-@pytest.fixture
-def run_cli(capsys, monkeypatch):
-    """`opforge ARGS` in this process: (exit status, stdout, stderr). A process of its own would
-    import torch again for each command; the checks run here too, not in their own process."""
-    from opforge import cli
-
-    # The tables at the width of a log, as a piped `opforge` prints them.
-    monkeypatch.setattr(cli.out, "width", 160)
-    monkeypatch.setattr(cli.err, "width", 160)
-    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            code = cli.main(list(args))
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
-
-
-def test_check_passes_and_prints_the_table(run_cli):
-    code, out, err = run_cli("check", "add", "axpby", "--device", "cpu", "--seed", "7")
+def test_check_passes_and_prints_the_table(opforge_here):
+    code, out, err = opforge_here("check", "add", "axpby", "--device", "cpu", "--seed", "7")
     assert code == 0, out + err
     assert "opforge::add " in out and "opforge::axpby " in out
     for col in ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "export", "bad inputs", "sharding"):
@@ -135,19 +112,19 @@ def test_a_bare_name_is_the_operator_even_beside_a_folder_of_that_name(tmp_path,
     assert "no operator named 'my_op'" in err and "(my_op/ is a folder here: write ./my_op for the package in it)" in err
 
 
-def test_check_cuda_without_a_gpu_says_why(run_cli):
+def test_check_cuda_without_a_gpu_says_why(opforge_here):
     import torch
 
     if torch.cuda.is_available():
         return
-    code, _, err = run_cli("check", "add", "--device", "cuda")
+    code, _, err = opforge_here("check", "add", "--device", "cuda")
     assert code != 0 and "torch sees no GPU" in err
 
 
-def test_bench_writes_json_csv_and_compares(tmp_path, run_cli):
+def test_bench_writes_json_csv_and_compares(tmp_path, opforge_here):
     path = tmp_path / "bench.json"
     args = ("bench", "square", "--device", "cpu", "--dtype", "float32", "--budget", "0.02", "--seed", "3", "--no-compile")
-    code, out, err = run_cli(*args, "--case", "2^16,2^20", "--json", str(path), "--csv", str(tmp_path / "bench.csv"))
+    code, out, err = opforge_here(*args, "--case", "2^16,2^20", "--json", str(path), "--csv", str(tmp_path / "bench.csv"))
     assert code == 0, out + err
     data = json.loads(path.read_text())
     assert data["torch_version"] and data["device"] == "cpu" and data["date"] and data["threads"] >= 1
@@ -165,25 +142,25 @@ def test_bench_writes_json_csv_and_compares(tmp_path, run_cli):
     assert lines[1].startswith("op,dtype,case,impl,status") and len(lines) == 2 + 2 * 3
     assert "opforge bench" in out and "vs eager" in out
     # Against the earlier run, case by case: the one case timed again is the one compared.
-    code, out, err = run_cli(*args, "--case", "2^16", "--compare", str(path))
+    code, out, err = opforge_here(*args, "--case", "2^16", "--compare", str(path))
     assert code in (0, 1), out + err  # 1 when the loaded machine made it a regression
     assert "1 compared" in out and "against" in out
 
 
-def test_bench_case_picks_cases_and_names_the_known_ones(tmp_path, run_cli):
+def test_bench_case_picks_cases_and_names_the_known_ones(tmp_path, opforge_here):
     path = tmp_path / "bench.json"
     args = ("bench", "sigmoid", "--device", "cpu", "--dtype", "float32,bfloat16", "--budget", "0.02", "--seed", "3")
-    code, out, err = run_cli(*args, "--case", "2^16", "--json", str(path))
+    code, out, err = opforge_here(*args, "--case", "2^16", "--json", str(path))
     assert code == 0, out + err
     rows = json.loads(path.read_text())["rows"]
     assert [(r["dtype"], r["case"]) for r in rows] == [("float32", "2^16"), ("bfloat16", "2^16")]
     # The compiled baseline is compiled for the case itself (static shapes), and ran.
     assert all(r["timings"]["compiled"]["median_us"] > 0 for r in rows)
-    code, out, err = run_cli(*args, "--case", "2^16,2^99")
+    code, out, err = opforge_here(*args, "--case", "2^16,2^99")
     assert code != 0 and "opforge bench: no cases named 2^99; they are: 2^16, 2^20, 2^22" in err
 
 
-def test_check_seeds_and_report(run_cli):
+def test_check_seeds_and_report(opforge_here):
     import torch
 
     from opforge.check.run import with_special_values
@@ -194,18 +171,18 @@ def test_check_seeds_and_report(run_cli):
     # Every sample, and the small ones again with special values.
     cpu = torch.device("cpu")
     samples = sum(1 + (with_special_values(spec, s, d, gen) is not None) for d in spec.dtypes for s in spec.samples(cpu, d, gen))
-    code, out, err = run_cli("check", "square", "--device", "cpu", "--seed", "1", "--checks", "reference", "--seeds", "2", "--report")
+    code, out, err = opforge_here("check", "square", "--device", "cpu", "--seed", "1", "--checks", "reference", "--seeds", "2", "--report")
     assert code == 0, out + err
     assert f"pass ({2 * samples})" in out and "per case" in out and "float16 [offset 1, 1025]" in out
     assert out.strip().endswith("1 passed, 0 failed")
-    code, out, err = run_cli("check", "square", "--seeds", "0")
+    code, out, err = opforge_here("check", "square", "--seeds", "0")
     assert code == 2 and "argument --seeds: expected an integer from 1 to 1000, got '0'" in err
 
 
-def test_list_and_build(run_cli):
-    code, out, _ = run_cli("list")
+def test_list_and_build(opforge_here):
+    code, out, _ = opforge_here("list")
     assert code == 0 and "opforge::axpby(Tensor x, Tensor y, float alpha=3., float beta=-1.) -> Tensor" in out
-    code, out, _ = run_cli("build")
+    code, out, _ = opforge_here("build")
     assert code == 0 and "op library:" in out and "(cached;" in out
 
 
@@ -350,8 +327,8 @@ def test_cmake_route_passes_its_own_interpreter(tmp_path):
     assert (tmp_path / "python.txt").read_text() == sys.executable
 
 
-def test_run_is_the_main_job(run_cli):
-    code, stdout, stderr = run_cli("run", "square", "--device", "cpu", "--seed", "2", "--budget", "0.01")
+def test_run_is_the_main_job(opforge_here):
+    code, stdout, stderr = opforge_here("run", "square", "--device", "cpu", "--seed", "2", "--budget", "0.01")
     res = SimpleNamespace(stdout=stdout, stderr=stderr)
     assert code == 0, res.stdout[-3000:] + res.stderr[-3000:]
     # A line per phase step, also when the output is not a terminal (as here).
@@ -393,9 +370,9 @@ def test_run_fails_when_a_check_fails(monkeypatch, capsys):
     assert "check square: reference pass" in out.err and "opcheck FAIL (1/1)" in out.err
 
 
-def test_bench_prints_a_line_per_case(run_cli):
+def test_bench_prints_a_line_per_case(opforge_here):
     args = ("bench", "add", "--device", "cpu", "--dtype", "float32", "--budget", "0.01", "--seed", "3", "--no-compile", "--case", "2^16")
-    code, out, err = run_cli(*args)
+    code, out, err = opforge_here(*args)
     assert code == 0, out + err
     line = next(ln for ln in err.splitlines() if ln.startswith("bench add float32 2^16:"))
     assert " us, " in line and "vs eager" in line and "compiled: not asked (--no-compile)" in line

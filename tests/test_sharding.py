@@ -239,16 +239,10 @@ def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "opforge", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def test_a_five_line_spec_file_with_pointwise_sharding_passes_the_check_and_a_planted_one_fails(tmp_path, seed, capsys, monkeypatch):
-    from opforge import cli
-
-    # `opforge check` in this process, its checks too, the table as wide as a log's.
-    monkeypatch.setattr(cli.out, "width", 200)
-    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")
-    monkeypatch.chdir(tmp_path)
-    code = cli.main(["check", str(FIXTURE / "softsign_spec.py"), "--checks", "reference,sharding", "--seed", str(seed)])
-    out = capsys.readouterr().out
-    assert code == 0, out
+def test_a_five_line_spec_file_with_pointwise_sharding_passes_the_check_and_a_planted_one_fails(tmp_path, seed, opforge_here):
+    spec_file = str(FIXTURE / "softsign_spec.py")
+    code, out, err = opforge_here("check", spec_file, "--checks", "reference,sharding", "--seed", str(seed), cwd=tmp_path)
+    assert code == 0, out + err
     assert "sharding" in out and out.strip().endswith("2 passed, 0 failed")
     # In a process of its own: a spec named square registered here would be what the other tests
     # of this process get for opforge's square.

@@ -34,26 +34,6 @@ def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture
-def opforge_here(capsys, monkeypatch):
-    """`opforge ARGS` from CWD in this process, its checks too: (exit status, stdout, stderr), the
-    tables at the width opforge_cli gives them. For what needs no process of its own."""
-    from opforge import cli
-
-    monkeypatch.setattr(cli.out, "width", 160)
-    monkeypatch.setattr(cli.err, "width", 160)
-    monkeypatch.setenv("OPFORGE_CHECK_IN_PROCESS", "1")
-
-    def run(*args: str, cwd: Path) -> tuple[int, str, str]:
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        code = cli.main(list(args))
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
-
-
 # --- operators of a user's, registered here through torch.library, none through opforge ---
 
 
