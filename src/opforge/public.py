@@ -140,16 +140,7 @@ def _nothing(ctx: Any, inputs: Any, output: Any) -> None:
 def _does_nothing(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` is a plain function whose body is ``pass``: the fast path then skips calling it
     (and building its ``inputs``) on every call that records a gradient."""
-    code = getattr(fn, "__code__", None)
-    ref = _nothing.__code__
-    return (
-        code is not None
-        and code.co_code == ref.co_code
-        and code.co_consts == ref.co_consts
-        and code.co_argcount == ref.co_argcount
-        and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-        and getattr(fn, "__kwdefaults__", None) is None
-    )
+    return _same_code(fn, _nothing)
 
 
 def _save_output(ctx: Any, inputs: Any, output: Any) -> None:
