@@ -135,11 +135,16 @@ PyObject* needs_tuple(const std::vector<bool>& tensor_arg, size_t mask) {
   return needs;
 }
 
+// The PyObject* member of `o` at byte offset `offset` (a __slots__ entry).
+PyObject** object_slot(PyObject* o, Py_ssize_t offset) {
+  return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
+}
+
 // Sets ctx.needs_input_grad, in its slot (the byte offset `slot`) or as an attribute (`slot` -1),
 // taking the reference to `needs`; -1 with a Python error set.
 int set_needs_input_grad(PyObject* ctx, Py_ssize_t slot, PyObject* needs) {
   if (slot >= 0) {
-    Py_XSETREF(*reinterpret_cast<PyObject**>(reinterpret_cast<char*>(ctx) + slot), needs);
+    Py_XSETREF(*object_slot(ctx, slot), needs);
     return 0;
   }
   const int set = PyObject_SetAttr(ctx, names.needs_input_grad, needs);
@@ -264,10 +269,6 @@ PyObject* input_object(const FastOp* f, PyObject* const* args, Py_ssize_t n, Py_
 
 // The tensor arguments of a recording call, in argument order (no heap allocation for the usual few).
 using Tensors = c10::SmallVector<at::Tensor, 4>;
-
-PyObject** object_slot(PyObject* o, Py_ssize_t offset) {
-  return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
-}
 
 // The byte offset of `type`'s __slots__ entry `name` (an object slot), or -1.
 Py_ssize_t slot_offset(PyObject* type, PyObject* name) {
