@@ -98,6 +98,18 @@ def test_build_takes_a_bare_folder_name_as_the_folder(package, env):
 
 
 @pytest.mark.slow
+def test_its_sources_folder_built_alone_is_the_packages_library(package, env):
+    # `opforge build csrc/NAME` compiles with a precompiled header and the package's import without:
+    # the same library, one cache entry, so the folder's build finds the package's.
+    root, _, _ = package
+    # With the header on (the suite turns it off), and CUDA off as in the --no-cuda package.
+    res = opforge_cli({**env, "OPFORGE_PCH": "1", "OPFORGE_BUILD_CUDA": "0"}, "build", str(root / "csrc" / NAME))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert '  precompiled header: <cmath> "opforge/aten/common.h" for 1 of 1' in res.stdout, res.stdout
+    assert f"{NAME}.so (cached; loaded into torch.ops)" in res.stdout, res.stdout
+
+
+@pytest.mark.slow
 def test_bench_times_the_package_through_the_eager_fast_path(package, env):
     # What `opforge bench DIR` does before loading the package (the CLI runs with
     # OPFORGE_NO_AUTOLOAD=1): without it, the package's functions would go through torch.ops.

@@ -78,8 +78,11 @@ def test_only_the_sources_that_begin_with_torch_headers_get_the_header():
     assert cfg.pch_headers == ("<torch/extension.h>",)
     # kernel/add2_kernel.cpp includes add2.h and no torch header: compiled as it is.
     assert [p.relative_to(folder).as_posix() for p in cfg.pch_units] == ["pytorch/add2_bind.cpp"]
-    # The header is part of what the build is: the cache keeps the two apart.
-    assert dataclasses.replace(cfg, pch_headers=(), pch_units=()).key() != cfg.key()
+    # Those sources get only the headers they begin with: the same library with or without the
+    # header, one cache entry (a folder imported, then built by `opforge build`, is found in the cache).
+    assert dataclasses.replace(cfg, pch_headers=(), pch_units=()).key() == cfg.key()
+    # Headers put in front of every source (no units named) change what each compiles: another library.
+    assert dataclasses.replace(cfg, pch_units=()).key() != cfg.key()
 
 
 def test_the_most_common_beginning_wins_and_the_others_compile_without(tmp_path):

@@ -15,7 +15,6 @@ from opforge.builder.discover import Layout, shown_path
 from opforge.builder.errors import BuildError
 from opforge.builder.inline import pybind_folder_config
 from opforge.builder.jit import cache_root, module_name
-from opforge.builder.user_pch import with_torch_pch
 
 # What a real build of each route runs of the folder's own code, as pip or cmake would.
 RUNS = {
@@ -54,8 +53,6 @@ def plan_lines(layout: Layout, route: str, *, setup_py: Path | None = None) -> l
 def _engine_plan(folder: Path, route: str) -> list[str]:
     try:
         cfg = pybind_folder_config(folder) if route == "pybind" else folder_config(folder)
-        if route == "jit":  # as the build will: the precompiled header is part of the key
-            cfg = with_torch_pch(cfg)[0]
     except (BuildError, ValueError) as exc:
         return [f"    cannot be built: {exc}"]
 

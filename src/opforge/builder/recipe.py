@@ -91,11 +91,12 @@ class BuildConfig:
         # The compilers torch will use: another compiler is another library.
         put(*(f"{v}={os.environ.get(v, '')}" for v in ("CXX", "CC", "CUDAHOSTCXX", "CUDA_HOME")))
         put(*self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, "|", self.with_cuda, *self.cuda_archs, "|", self.python_module)
-        put(*self.pch_headers, "|", *(str(u) for u in self.unity))
+        # Headers put in front of every unit (-include) change what it compiles; a users' unit gets only
+        # the headers it begins with, so with or without them it is the same library: one entry for
+        # both (a folder imported, then built by `opforge build`, is found in the cache).
+        put(*(() if self.pch_units else self.pch_headers), "|", *(str(u) for u in self.unity))
         if self.extension_name:  # only when set: the keys of every other build stay as they were
             put("extension_name", self.extension_name)
-        if self.pch_units:
-            put("pch_units", *(str(u) for u in self.pch_units))
         if not contents:
             put(*sorted(str(s) for s in self.sources), "|", *sorted(str(d) for d in self.include_dirs))
             return h.hexdigest()
