@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.builder import BuildError, library_config
+from opforge.builder import BuildConfig, BuildError, library_config
 from opforge.builder import prebuilt as pb
 from opforge.builder.setuptools_ext import build_record
 
@@ -159,6 +159,26 @@ def test_prebuilt_without_the_gpus_arch_is_not_loaded(fake_prebuilt, monkeypatch
     _write_record(fake_prebuilt, record)
     so, why = pb.choose_prebuilt()
     assert so is None and "7.5" in why and "8.0, 9.0a" in why
+
+
+@pytest.mark.parametrize("jit_builds_cuda", [False, True])
+def test_a_cpu_prebuilt_on_a_gpu_machine_fits_where_the_jit_route_would_build_no_cuda_either(fake_prebuilt, monkeypatch, jit_builds_cuda):
+    # A package scaffolded without CUDA (its sources build CPU kernels only, whatever the machine) on a
+    # machine with a GPU and nvcc: its CPU wheel is what the JIT route would build again.
+    cpu = library_config(with_cuda=False)
+    monkeypatch.setattr(pb, "_gpu_capabilities", lambda: {"9.0"})
+    monkeypatch.setattr(pb, "want_cuda", lambda stable=False: True)
+
+    def sources(cuda: bool | None) -> BuildConfig:
+        return dataclasses.replace(cpu, with_cuda=jit_builds_cuda if cuda is None else cuda)
+
+    ok, why = pb.prebuilt_fits(fake_prebuilt, sources)
+    if jit_builds_cuda:
+        assert not ok and why == (
+            f"the prebuilt {fake_prebuilt.name} has no CUDA kernels, and this machine has a GPU and nvcc: the JIT route builds them"
+        )
+    else:
+        assert ok and "CPU kernels only" in why, why
 
 
 @pytest.mark.parametrize(

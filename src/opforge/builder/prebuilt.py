@@ -154,7 +154,9 @@ def prebuilt_fits(so: Path, sources: SourcesConfig | None) -> tuple[bool, str]:
     with_cuda = bool(record.get("with_cuda"))
     if sources is not None and record.get("sources_digest") != sources(with_cuda).sources_digest():
         return False, f"the sources changed since {so.name} was built (an editable install): the JIT route builds them"
-    if not with_cuda and want_cuda(stable=bool(target)) and _gpu_capabilities():
+    # Only where the JIT route would build CUDA kernels: a package without them (`opforge new --no-cuda`)
+    # would build the same CPU library again.
+    if not with_cuda and want_cuda(stable=bool(target)) and _gpu_capabilities() and (sources is None or sources(None).with_cuda):
         return False, f"the prebuilt {so.name} has no CUDA kernels, and this machine has a GPU and nvcc: the JIT route builds them"
     if with_cuda:
         built = tuple(record.get("cuda_archs", ()))
