@@ -478,6 +478,8 @@ def test_torch_ops_load_library_of_a_second_copy_registers_nothing(tmp_path):
     said = [line for line in res.stderr.splitlines() if "registers nothing" in line]
     assert len(said) == 1, res.stderr
     assert said[0].startswith(f"opforge: {copy} registers nothing: its operators in namespace 'opforge' are defined already"), said
+    # The definition's own error, whether or not this torch's StableLibrary::def raises it.
+    assert "The error: torch refused the definition " in said[0], said
 
 
 @pytest.mark.parametrize("kept", [0.5, 0.999])

@@ -394,20 +394,47 @@ inline const char* this_library() {
              : "the op library";
 }
 
+// A fragment's definitions with each one's error raised. torch's StableLibrary::def drops the
+// shim's error code in some versions (2.11's does): there a second copy of the library defined
+// nothing, was not told, and went on to register its kernels over the first copy's.
+class CheckedDefs final {
+ public:
+  CheckedDefs(const char* ns, const char* file, uint32_t line) {
+    if (aoti_torch_library_init_fragment(ns, file, line, &lib_) != AOTI_TORCH_SUCCESS) {
+      throw std::runtime_error(std::string("torch refused a library fragment of namespace ") + ns);
+    }
+  }
+  CheckedDefs(const CheckedDefs&) = delete;
+  CheckedDefs& operator=(const CheckedDefs&) = delete;
+  ~CheckedDefs() {
+    if (lib_ != nullptr) aoti_torch_delete_library_object(lib_);
+  }
+  CheckedDefs& def(const char* schema) {
+    if (aoti_torch_library_def(lib_, schema) != AOTI_TORCH_SUCCESS) {
+      // The shim returns no reason (2.10 and 2.11 log it on stderr): for a second copy, defined already.
+      throw std::runtime_error(std::string("torch refused the definition ") + schema);
+    }
+    return *this;
+  }
+
+ private:
+  TorchLibraryHandle lib_ = nullptr;
+};
+
 // STABLE_TORCH_LIBRARY_FRAGMENT / _IMPL's static initialiser, whose error
 // would escape a static constructor and end the process (std::terminate):
 // here it is caught, said once on stderr, and every later registration of
-// this copy is skipped.
+// this copy is skipped. `make` constructs the library in place.
+template <typename Lib>
 class GuardedLibraryInit final {
  public:
-  using Lib = torch::stable::detail::StableLibrary;
-  GuardedLibraryInit(Lib::Kind kind, void (*fn)(Lib&), const char* ns, const char* k, const char* file,
-                     uint32_t line) {
+  template <typename Make>
+  GuardedLibraryInit(void (*fn)(Lib&), const char* ns, Make make) {
     if (registration_refused()) {
       return;
     }
     try {
-      lib_.emplace(kind, ns, k, file, line);
+      make(lib_);
       fn(*lib_);
     } catch (const std::exception& e) {
       lib_.reset();  // undoes what this block registered before the error
@@ -431,18 +458,22 @@ class GuardedLibraryInit final {
 // STABLE_TORCH_LIBRARY_FRAGMENT / STABLE_TORCH_LIBRARY_IMPL through
 // GuardedLibraryInit; the static objects keep the stable macros' names, which
 // opforge.builder.registrations reads from the symbol table before a load.
-#define OPFORGE_GUARDED_INIT(prefix, kind, ns, k, m, uid)                                                    \
-  static void C10_CONCATENATE(prefix##_init_##ns##_, uid)(torch::stable::detail::StableLibrary&);           \
-  static const opforge::detail::GuardedLibraryInit C10_CONCATENATE(prefix##_static_init_##ns##_, uid)(     \
-      torch::stable::detail::StableLibrary::Kind::kind, &C10_CONCATENATE(prefix##_init_##ns##_, uid), #ns, \
-      k, __FILE__, __LINE__);                                                                               \
-  void C10_CONCATENATE(prefix##_init_##ns##_, uid)(torch::stable::detail::StableLibrary & m)
+// The trailing arguments are the library's constructor's.
+#define OPFORGE_GUARDED_INIT(prefix, Lib, ns, m, uid, ...)                                                 \
+  static void C10_CONCATENATE(prefix##_init_##ns##_, uid)(Lib&);                                          \
+  static const opforge::detail::GuardedLibraryInit<Lib> C10_CONCATENATE(prefix##_static_init_##ns##_, uid)( \
+      &C10_CONCATENATE(prefix##_init_##ns##_, uid), #ns,                                                  \
+      [](std::optional<Lib>& lib) { lib.emplace(__VA_ARGS__); });                                          \
+  void C10_CONCATENATE(prefix##_init_##ns##_, uid)(Lib & m)
 
 // The library's operator definitions: STABLE_TORCH_LIBRARY_FRAGMENT, guarded.
-#define OPFORGE_LIBRARY_FRAGMENT(ns, m) \
-  OPFORGE_GUARDED_INIT(STABLE_TORCH_LIBRARY_FRAGMENT, FRAGMENT, ns, nullptr, m, C10_UID)
-#define OPFORGE_LIBRARY_IMPL(ns, k, m) \
-  OPFORGE_GUARDED_INIT(STABLE_TORCH_LIBRARY_IMPL, IMPL, ns, #k, m, C10_CONCATENATE(k##_, C10_UID))
+#define OPFORGE_LIBRARY_FRAGMENT(ns, m)                                                             \
+  OPFORGE_GUARDED_INIT(STABLE_TORCH_LIBRARY_FRAGMENT, opforge::detail::CheckedDefs, ns, m, C10_UID, #ns, \
+                       __FILE__, __LINE__)
+#define OPFORGE_LIBRARY_IMPL(ns, k, m)                                                                 \
+  OPFORGE_GUARDED_INIT(STABLE_TORCH_LIBRARY_IMPL, torch::stable::detail::StableLibrary, ns, m,           \
+                       C10_CONCATENATE(k##_, C10_UID), torch::stable::detail::StableLibrary::Kind::IMPL, \
+                       #ns, #k, __FILE__, __LINE__)
 
 // Registers one device-agnostic wrapper set, `register_fn(opforge::Library&)`,
 // for the CPU and (in a CUDA build) the CUDA dispatch keys, so an operator
