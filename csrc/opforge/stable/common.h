@@ -411,7 +411,7 @@ class CheckedDefs final {
   }
   CheckedDefs& def(const char* schema) {
     if (aoti_torch_library_def(lib_, schema) != AOTI_TORCH_SUCCESS) {
-      // The shim returns no reason (2.10 and 2.11 log it on stderr): for a second copy, defined already.
+      // The shim returns no reason (2.11 logs it on stderr): for a second copy, defined already.
       throw std::runtime_error(std::string("torch refused the definition ") + schema);
     }
     return *this;
