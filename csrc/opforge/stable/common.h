@@ -424,17 +424,17 @@ class CheckedDefs final {
 // STABLE_TORCH_LIBRARY_FRAGMENT / _IMPL's static initialiser, whose error
 // would escape a static constructor and end the process (std::terminate):
 // here it is caught, said once on stderr, and every later registration of
-// this copy is skipped. `make` constructs the library in place.
+// this copy is skipped. `args` are the library's constructor's.
 template <typename Lib>
 class GuardedLibraryInit final {
  public:
-  template <typename Make>
-  GuardedLibraryInit(void (*fn)(Lib&), const char* ns, Make make) {
+  template <typename... Args>
+  GuardedLibraryInit(void (*fn)(Lib&), const char* ns, Args... args) {
     if (registration_refused()) {
       return;
     }
     try {
-      make(lib_);
+      lib_.emplace(args...);
       fn(*lib_);
     } catch (const std::exception& e) {
       lib_.reset();  // undoes what this block registered before the error
@@ -462,8 +462,7 @@ class GuardedLibraryInit final {
 #define OPFORGE_GUARDED_INIT(prefix, Lib, ns, m, uid, ...)                                                 \
   static void C10_CONCATENATE(prefix##_init_##ns##_, uid)(Lib&);                                          \
   static const opforge::detail::GuardedLibraryInit<Lib> C10_CONCATENATE(prefix##_static_init_##ns##_, uid)( \
-      &C10_CONCATENATE(prefix##_init_##ns##_, uid), #ns,                                                  \
-      [](std::optional<Lib>& lib) { lib.emplace(__VA_ARGS__); });                                          \
+      &C10_CONCATENATE(prefix##_init_##ns##_, uid), #ns, __VA_ARGS__);                                    \
   void C10_CONCATENATE(prefix##_init_##ns##_, uid)(Lib & m)
 
 // The library's operator definitions: STABLE_TORCH_LIBRARY_FRAGMENT, guarded.
