@@ -23,6 +23,8 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,22 @@ def opforge_here(capsys, monkeypatch):
         return code, captured.out, captured.err
 
     return run
+
+
+SRC = str(Path(opforge.__file__).resolve().parent.parent)
+
+
+def opforge_process(*args: str, cwd: Path | None = None, autoload: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python -m opforge ARGS` in a process of its own, as a shell starts it: for what only a real
+    process shows (the entry point, its exit status, a crash, the time limit, an operator that must
+    not register in the tests' own process); ``opforge_here`` for the rest. This checkout's opforge,
+    the checks in a process of their own as the command runs them, the tables at a log's width.
+    ``autoload=False``: opforge's own op library is not loaded (``OPFORGE_NO_AUTOLOAD=1``), as when
+    the command checks a spec file's operators."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "OPFORGE_CHECK_IN_PROCESS")}
+    env |= {"PYTHONPATH": SRC, "COLUMNS": "200", **({} if autoload else {"OPFORGE_NO_AUTOLOAD": "1"})}
+    cmd = [sys.executable, "-m", "opforge", *args]
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def pytest_configure(config) -> None:

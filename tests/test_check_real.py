@@ -8,9 +8,7 @@ tests/fixtures/crash_ops and tests/fixtures/empty_grid (C++ and CUDA)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,21 +31,15 @@ from opforge.check.run import (
 from opforge.project import load_spec_file
 from opforge.spec import Sample, get_specs
 
+from .conftest import opforge_process
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL = FIXTURES / "real_ops"
 CRASH = FIXTURES / "crash_ops"
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
 CPU = torch.device("cpu")
 
 sys.path.insert(0, str(REAL))
 import real_ops  # noqa: E402, F401 - registers torch.ops.real_ops.*
-
-
-def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    # As the `opforge` command runs: opforge's own op library is not loaded for a spec file's operators.
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "OPFORGE_CHECK_IN_PROCESS")}
-    env |= {"PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "opforge", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
 def _row(stdout: str, op: str) -> list[str]:
@@ -193,8 +185,17 @@ def test_a_write_the_schema_does_not_declare_is_said_once_with_the_fix(seed):
 
 
 def test_a_kernel_that_kills_the_process_is_named_and_the_rest_is_checked(tmp_path, seed):
-    res = opforge_cli(
-        "check", str(CRASH / "crash_spec.py"), "--device", "cpu", "--seed", str(seed), "--checks", "reference,opcheck", cwd=tmp_path
+    res = opforge_process(
+        "check",
+        str(CRASH / "crash_spec.py"),
+        "--device",
+        "cpu",
+        "--seed",
+        str(seed),
+        "--checks",
+        "reference,opcheck",
+        cwd=tmp_path,
+        autoload=False,
     )
     assert res.returncode == 1, res.stdout + res.stderr
     assert _row(res.stdout, "crash_ops::twice_by_rows")[1:] == ["FAIL SIGFPE", "pass (6)"]
@@ -245,7 +246,7 @@ def test_a_failed_cuda_launch_is_reported_by_the_step_and_sample_that_made_it(tm
     for name in ("opcheck", "compile"):
         assert results[name].status == "pass", results[name].failures
     # The same through the command, whose checks run in a process of their own.
-    res = opforge_cli("check", str(spec_file), "--device", "cuda", "--seed", str(seed), cwd=tmp_path)
+    res = opforge_process("check", str(spec_file), "--device", "cuda", "--seed", str(seed), cwd=tmp_path, autoload=False)
     assert res.returncode == 1, res.stdout + res.stderr
     assert _row(res.stdout, "empty_grid::twice")[1:3] == ["FAIL (1/14)", "pass (6)"], res.stdout
     assert "x reference: twice float32 [empty 0]" in res.stdout and re.search("invalid (configuration )?argument", res.stdout)

@@ -6,23 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import opforge
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
-
-
-def opforge_cli(*args: str) -> subprocess.CompletedProcess:
-    """`python -m opforge ARGS` in a process of its own: for what only a real process shows
-    (the entry point, its exit status)."""
-    # The tables at the width of a log, not at the COLUMNS of the test runner's environment.
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    cmd = [sys.executable, "-m", "opforge", *args]
-    return subprocess.run(cmd, env={**env, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=900)
+from .conftest import SRC, opforge_process
 
 
 def test_check_passes_and_prints_the_table(opforge_here):
@@ -36,7 +26,7 @@ def test_check_passes_and_prints_the_table(opforge_here):
 
 
 def test_check_unknown_op_is_a_clear_error():
-    res = opforge_cli("check", "no_such_op")
+    res = opforge_process("check", "no_such_op")
     assert res.returncode == 2, "a usage error, not a failed check"
     assert "no operator named 'no_such_op'; known: add, add_out" in res.stderr
 

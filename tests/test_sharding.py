@@ -22,7 +22,8 @@ from opforge.check.sharding import simulated_mesh
 from opforge.nn import QQQLinear
 from opforge.spec import OpSpec, all_specs, get_specs
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
+from .conftest import SRC, opforge_process
+
 FIXTURE = Path(__file__).parent / "fixtures" / "sharding"
 CPU = torch.device("cpu")
 NS = "opforge_test_sharding"
@@ -233,12 +234,6 @@ def test_a_user_operator_declared_pointwise_runs_on_dtensor_forward_and_backward
         torch.testing.assert_close(gathered(out), x / (1 + x.abs()))
 
 
-def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    env |= {"PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "opforge", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
 def test_a_five_line_spec_file_with_pointwise_sharding_passes_the_check_and_a_planted_one_fails(tmp_path, seed, opforge_here):
     spec_file = str(FIXTURE / "softsign_spec.py")
     code, out, err = opforge_here("check", spec_file, "--checks", "reference,sharding", "--seed", str(seed), cwd=tmp_path)
@@ -246,7 +241,9 @@ def test_a_five_line_spec_file_with_pointwise_sharding_passes_the_check_and_a_pl
     assert "sharding" in out and out.strip().endswith("2 passed, 0 failed")
     # In a process of its own: a spec named square registered here would be what the other tests
     # of this process get for opforge's square.
-    res = opforge_cli("check", str(FIXTURE / "wrong_square_spec.py"), "--checks", "sharding", "--seed", str(seed), cwd=tmp_path)
+    res = opforge_process(
+        "check", str(FIXTURE / "wrong_square_spec.py"), "--checks", "sharding", "--seed", str(seed), cwd=tmp_path, autoload=False
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "x sharding: square [" in res.stdout and "declared x P -> P: output 0:" in res.stdout
     assert res.stdout.strip().endswith("0 passed, 1 failed")

@@ -4,10 +4,7 @@ from its schema (opforge.derive)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,18 +17,11 @@ from opforge.derive import BENCH_SIZES, DeriveError, describe
 from opforge.project import ProjectError, load_spec_file
 from opforge.spec import DEFAULT_TOLERANCES, OpSpec
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
+from .conftest import opforge_process
+
 FIXTURE = Path(__file__).parent / "fixtures" / "spec_file"
 CPU = torch.device("cpu")
 NS = "opforge_test_derive"
-
-
-def opforge_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    # As the `opforge` command runs: opforge's own op library is not loaded for a spec file's operators.
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    env |= {"PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1"}
-    cmd = [sys.executable, "-m", "opforge", *args]
-    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 # --- operators of a user's, registered here through torch.library, none through opforge ---
@@ -116,8 +106,17 @@ def test_check_of_a_spec_file_passes_with_what_the_schema_gives(tmp_path, seed, 
 
 def test_check_of_a_spec_file_fails_when_its_reference_is_wrong(tmp_path, seed):
     # In a process of its own: this one holds muladd_spec.py's spec of the same operator.
-    res = opforge_cli(
-        "check", str(FIXTURE / "wrong_reference_spec.py"), "--device", "cpu", "--seed", str(seed), "--checks", "reference", cwd=tmp_path
+    res = opforge_process(
+        "check",
+        str(FIXTURE / "wrong_reference_spec.py"),
+        "--device",
+        "cpu",
+        "--seed",
+        str(seed),
+        "--checks",
+        "reference",
+        cwd=tmp_path,
+        autoload=False,
     )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "x reference: mymuladd float32 [" in res.stdout
@@ -327,7 +326,7 @@ def test_a_spec_file_that_exits_is_an_error_naming_the_file_and_line(tmp_path):
     path.write_text("import sys\n\nsys.exit(3)\n")
     with pytest.raises(ProjectError, match=r"exiting_spec\.py:3: the spec file called sys\.exit\(3\) while it was loaded"):
         load_spec_file(path)
-    res = opforge_cli("check", str(path), "--device", "cpu", cwd=tmp_path)
+    res = opforge_process("check", str(path), "--device", "cpu", cwd=tmp_path, autoload=False)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "exiting_spec.py:3: the spec file called sys.exit(3)" in res.stderr
 
@@ -336,7 +335,7 @@ def test_a_spec_file_over_opforges_own_operator_is_checked_with_its_reference(tm
     # In a process of its own, where opforge's op library is not loaded until the spec file names its operator.
     path = tmp_path / "own_spec.py"
     path.write_text("import torch, opforge\n\nSPECS = [opforge.spec(torch.ops.opforge.square.default, reference=lambda x: x * x + 1)]\n")
-    res = opforge_cli("check", str(path), "--device", "cpu", "--seed", str(seed), "--checks", "reference", cwd=tmp_path)
+    res = opforge_process("check", str(path), "--device", "cpu", "--seed", str(seed), "--checks", "reference", cwd=tmp_path, autoload=False)
     # The file's reference (off by one) is the one checked: the operator is found, and fails against it.
     assert res.returncode == 1, res.stdout + res.stderr
     assert "x reference: square float32 [scalar] (seed" in res.stdout and "want" in res.stdout, res.stdout + res.stderr
