@@ -29,9 +29,10 @@ from pathlib import Path
 
 # Every worker (one per core) and every process a test starts runs torch's OpenMP threads, one per
 # core: more threads than cores. By default a thread that finishes its share spins, waiting for the
-# next parallel region, on a core that another process needs. Passive threads sleep instead (a set
-# of the op tests on two cores took 29-47 s of wall time this way, 38-74 s spinning). Set before
-# torch is imported, which starts OpenMP; the tests keep two threads, so the parallel paths run.
+# next parallel region, on a core that another process needs. Passive threads sleep instead (the
+# GEMM, QQQ and check tests on two cores: 47-54 s passive, 77 s by default; docs/development.md).
+# Set before torch is imported, which starts OpenMP; the threads stay one per core, so the parallel
+# paths still run.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
