@@ -19,7 +19,8 @@ import opforge
 from opforge.abi.audit import FLOOR, LibraryAudit, audit_library, parse_shim_header, render, shim_table, torch_include
 from opforge.elf_symbols import read_dynamic_symbols
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
+from .conftest import SRC
+
 CXX = shutil.which("c++") or shutil.which("g++")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler (c++) on PATH")
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import opforge
 from opforge.builder import BuildConfig, BuildError, build_library, cache_root, csrc_dir, library_config, load_library, parse_diagnostics
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
+from .conftest import SRC
+
 # A library with one tiny operator, quick to build (no ATen headers beyond the registration).
 TINY = textwrap.dedent(
     """

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import opforge
 from opforge.builder.describe import describe
 from opforge.builder.discover import (
     DiscoveryError,
@@ -35,7 +34,8 @@ from opforge.builder.discover import (
     walk,
 )
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
+from .conftest import SRC
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # What describe says of the CUDA sources on a machine that cannot build them, fixed for the tests.
 NO_CUDA = "torch 2.13.0+cpu has no CUDA"

@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import opforge
+from .conftest import SRC
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
 SCRIPT = Path(__file__).with_name("dist_scenarios.py")
 SCENARIOS = ("ddp_lltm", "fsdp2_lltm", "tp_mlp_sigmoid", "tp_mlp_sigmoid_compiled", "tp_qqq_pair")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +15,9 @@ import opforge
 from opforge.check.run import generator
 from opforge.spec import all_specs
 
-from .conftest import DEVICES, cache_with_library
+from .conftest import DEVICES, SRC, cache_with_library
 
 SPECS = {s.name: s for s in all_specs()}
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
 
 
 def test_which_ops_take_the_fast_path():

@@ -24,17 +24,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import opforge
 from opforge.builder.discover import discover, find_build_toml
 from opforge.builder.kernel_builder import plan
 from opforge.builder.kernel_builder_layout import metadata, ops_py, place_in_torch_ext, variant_name
 from opforge.builder.kernel_builder_toml import KernelBuilderError, read_project
 
+from .conftest import SRC as CHECKOUT_SRC
+
 # kernels lives in a folder of its own (scripts/env.sh installs it there): its 0.17.0 wheel
 # declares a setuptools egg_info writer whose module it lacks, so installed into the venv it
 # breaks every metadata step of setuptools there (the wheel and editable-install tests').
 KERNELS_SITE = os.environ.get("OPFORGE_KERNELS_SITE", "")
-SRC = os.pathsep.join(p for p in (str(Path(opforge.__file__).resolve().parent.parent), KERNELS_SITE) if p)
+SRC = os.pathsep.join(p for p in (CHECKOUT_SRC, KERNELS_SITE) if p)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 

@@ -17,13 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import opforge
 from opforge.builder import csrc_dir
 from opforge.project import ProjectError, find_project, scaffold
 
-from .conftest import cache_with_library
+from .conftest import SRC, cache_with_library
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
 # One scaffolded package serves the module: under pytest-xdist its tests stay in one worker.
 pytestmark = pytest.mark.xdist_group("new")
 NAME = "opf_softsign"  # the package, the operator and (by default) its namespace

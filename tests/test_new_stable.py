@@ -15,15 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import opforge
 from opforge.abi.audit import torch_include
 from opforge.builder import csrc_dir
 from opforge.elf_symbols import read_dynamic_symbols
 from opforge.project import ProjectError, scaffold
 
-from .conftest import cache_with_library
+from .conftest import SRC, cache_with_library
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
 NAME = "opf_stsign"
 CXX = shutil.which("c++") or shutil.which("g++")
 STABLE_HEADERS = ("torch/csrc/stable/", "torch/headeronly/")

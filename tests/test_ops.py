@@ -6,7 +6,6 @@ import inspect
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +14,9 @@ import opforge
 from opforge.check.run import check_bad_inputs, check_compile, check_gradcheck, check_opcheck, generator, run_reference
 from opforge.spec import all_specs
 
-from .conftest import DEVICES
+from .conftest import DEVICES, SRC
 
 SPECS = {s.name: s for s in all_specs()}
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
 OPS = sorted(SPECS)
 
 

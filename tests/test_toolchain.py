@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import opforge
 from opforge.builder import BuildConfig, BuildError, load_library, pch, toolchain
 from opforge.builder.torch_flags import torch_cxx_flags
 
-SRC = str(Path(opforge.__file__).resolve().parent.parent)
+from .conftest import SRC
+
 GXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(GXX is None or shutil.which("readelf") is None, reason="needs g++ and readelf")
 
