@@ -204,8 +204,8 @@ inline Plan plan_f32(const Problem& p, const DeviceInfo& info) {
 template <typename T>
 inline Plan plan_half(const Problem& p, const DeviceInfo& info) {
   if (wgmma_dims_ok(p) && wgmma_available(info)) {
-    // The largest tile that gives every SM a tile; TMA's path takes 128 x 256 from 90 % of the SMs
-    // (as plan_f32), the packed path's were not timed there.
+    // The largest tile that gives every SM a tile. TMA's path takes 128 x 256 from 90 % of the SMs,
+    // as plan_f32 does; the packed path was not timed in that band.
     const bool large = tiles_of<WgmmaLarge>(p) >= info.sms, medium = tiles_of<WgmmaMedium>(p) >= info.sms;
     if (wgmma_ok(p)) {
       const bool most = tiles_of<WgmmaLarge>(p) * 10 >= int64_t{info.sms} * 9;
