@@ -30,6 +30,13 @@ inline int64_t tiles_of(const Problem& p) {
   return ceil_div(p.M, Tile::BM) * ceil_div(p.N, Tile::BN);
 }
 
+// Large tiles are kept while their grid fills at least 90 % of the SMs: 2048^3 makes 128 of
+// them on 132 SMs (97 %), where they led (float32 here; bf16 / fp16 beside WgmmaMedium).
+template <class Tile>
+inline bool fills_most_sms(const Problem& p, const DeviceInfo& info) {
+  return tiles_of<Tile>(p) * 10 >= int64_t{info.sms} * 9;
+}
+
 // ---- float32 / float64 on the CUDA cores (gemm_simt.cuh)
 // Rows 16-byte aligned: 128 x 256 CTA tile, 64 x 64 warp tile, 8 x 16 outputs a
 // thread, K-slices of 16 (4096^3: 92.5 % of cuBLAS; 256 x 128 x 8: 91.1 %).
@@ -191,9 +198,8 @@ inline Plan plan_simt(const Problem& p, const DeviceInfo& info) {
 template <bool kVec>
 inline Plan plan_f32(const Problem& p, const DeviceInfo& info) {
   constexpr Kernel large = kVec ? Kernel::SimtLarge : Kernel::SimtLargeScalar;
-  // Large tiles while they fill at least 90 % of the SMs (2048^3: 128 tiles
-  // on 132 SMs, 92.0 %); then narrow ones.
-  if (tiles_of<typename KernelTile<large>::Tile>(p) * 10 >= int64_t{info.sms} * 9) {
+  // Large tiles while they fill most of the SMs (2048^3: 92.0 % of cuBLAS); then narrow ones.
+  if (fills_most_sms<typename KernelTile<large>::Tile>(p, info)) {
     return plan_simt<float, float, large, kVec>(p, info);
   }
   if (p.M <= 16) return plan_simt<float, float, Kernel::SimtSkinny16, kVec>(p, info);
@@ -204,11 +210,11 @@ inline Plan plan_f32(const Problem& p, const DeviceInfo& info) {
 template <typename T>
 inline Plan plan_half(const Problem& p, const DeviceInfo& info) {
   if (wgmma_dims_ok(p) && wgmma_available(info)) {
-    // The largest tile that gives every SM a tile. TMA's path takes 128 x 256 from 90 % of the SMs,
-    // as plan_f32 does; the packed path was not timed in that band.
+    // The largest tile that gives every SM a tile. TMA's path keeps 128 x 256 while it fills most
+    // of the SMs, as plan_f32 does; the packed path was not timed in that band.
     const bool large = tiles_of<WgmmaLarge>(p) >= info.sms, medium = tiles_of<WgmmaMedium>(p) >= info.sms;
     if (wgmma_ok(p)) {
-      const bool most = tiles_of<WgmmaLarge>(p) * 10 >= int64_t{info.sms} * 9;
+      const bool most = fills_most_sms<WgmmaLarge>(p, info);
       return {most ? Kernel::WgmmaLarge : medium ? Kernel::WgmmaMedium : Kernel::WgmmaSmallM};
     }
     // Operands TMA cannot read as they are: padded copies in the workspace.
