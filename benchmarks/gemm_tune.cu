@@ -41,7 +41,6 @@
 #include <vector>
 
 #include "ops/gemm/gemm_dispatch.cuh"
-#include "ops/gemm/gemm_simt_async.cuh"
 #include "tune_common.cuh"
 
 using namespace opforge;
@@ -174,13 +173,6 @@ void add_simt(std::vector<Variant>& v, const std::string& name, DType dt) {
                }});
 }
 
-// float32 through the cp.async ring (gemm_simt_async.cuh); 16-byte rows only.
-template <class Tile>
-void add_simt_async(std::vector<Variant>& v, const std::string& name) {
-  v.push_back({name, DType::Float32, Applies(simt_vec_ok),
-               [](const Problem& p, Workspace, cudaStream_t s) { return launch_simt_async<Tile>(p, s); }});
-}
-
 // The split-K launcher asked for `splits` K ranges (split_k may run fewer).
 template <typename T, class Tile, bool kVec>
 void add_simt_split(std::vector<Variant>& v, const std::string& name, DType dt, int splits) {
@@ -260,13 +252,6 @@ static std::vector<Variant> make_variants() {
   add_simt<float, SimtTile<256, 128, 8, 64, 64, 16, 8>, true>(v, "simt256x128x8", DType::Float32);
   add_simt<float, SimtTile<256, 128, 16, 64, 64, 16, 8>, true>(v, "simt256x128x16", DType::Float32);
   add_simt<float, SimtTile<128, 256, 16, 64, 64, 8, 16>, true>(v, "simt128x256x16", DType::Float32);
-  add_simt_async<SimtAsyncTile<128, 256, 16, 64, 64, 8, 16, 3>>(v, "async128x256x16s3");
-  add_simt_async<SimtAsyncTile<128, 256, 16, 64, 64, 8, 16, 4>>(v, "async128x256x16s4");
-  add_simt_async<SimtAsyncTile<128, 256, 8, 64, 64, 8, 16, 4>>(v, "async128x256x8s4");
-  add_simt_async<SimtAsyncTile<128, 256, 32, 64, 64, 8, 16, 3>>(v, "async128x256x32s3");
-  add_simt_async<SimtAsyncTile<256, 128, 8, 64, 64, 16, 8, 3>>(v, "async256x128x8s3");
-  add_simt_async<SimtAsyncTile<256, 128, 16, 64, 64, 16, 8, 3>>(v, "async256x128x16s3");
-  add_simt_async<SimtAsyncTile<128, 128, 16, 64, 32, 8, 8, 4>>(v, "async128x128x16s4");
   add_simt<float, SimtTile<16, 64, 32, 16, 32, 4, 4>, true>(v, "simt16x64x32", DType::Float32);
   add_simt<float, SimtTile<32, 32, 32, 32, 16, 4, 4>, true>(v, "simt32x32x32", DType::Float32);
   add_simt<float, SimtTile<16, 64, 64, 16, 32, 4, 4>, true>(v, "simt16x64x64", DType::Float32);
