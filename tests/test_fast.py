@@ -390,6 +390,83 @@ def test_a_recognised_setup_context_is_not_called_and_its_backward_gets_the_save
         fast.set_autograd(setup_context, backward, Context, 1.5)
 
 
+def _keeps_two(ctx, inputs, output):
+    _, _, ctx.alpha, ctx.beta = inputs
+
+
+def _keeps_and_saves(ctx, inputs, output):
+    _, _, ctx.alpha, ctx.beta = inputs
+    ctx.save_for_backward(output)
+
+
+def _keeps_by_index(ctx, inputs, output):
+    ctx.alpha = inputs[2]
+
+
+def _keeps_its_inputs(ctx, inputs, output):
+    _, _, ctx.alpha, inputs = inputs
+
+
+def _keeps_a_star(ctx, inputs, output):
+    _, *ctx.rest = inputs
+
+
+def test_a_setup_context_that_only_sets_attributes_to_arguments_is_recognised():
+    from opforge.public import _sets_attributes
+
+    assert _sets_attributes(_keeps_two, 4) == (("alpha", 2), ("beta", 3))
+    assert _sets_attributes(SPECS["axpby"].setup_context, 4) == (("alpha", 2), ("beta", 3))
+    assert _sets_attributes(SPECS["axpby_backward"].setup_context, 3) == (("alpha", 1), ("beta", 2))
+    assert _sets_attributes(_keeps_two, 5) is None  # one target per argument, or the unpacking would fail
+    for other in (
+        _keeps_and_saves,
+        _keeps_by_index,
+        _keeps_its_inputs,
+        _keeps_a_star,
+        SPECS["square"].setup_context,
+        SPECS["add"].setup_context,
+        lambda ctx, inputs, output: ctx.__setattr__("alpha", inputs[2]),
+        print,
+    ):
+        assert _sets_attributes(other, 4) is None
+
+
+def test_a_setup_context_that_sets_attributes_is_not_called_and_the_ctx_has_them(seed):
+    from opforge.fast import Context, fast_op
+
+    fast = fast_op("opforge::axpby")
+    assert fast is not None
+    calls = []
+
+    def setup_context(ctx, inputs, output):  # counted if called
+        calls.append(1)
+        _, _, ctx.alpha, ctx.beta = inputs
+
+    def backward(ctx, grad):
+        seen.append((ctx.needs_input_grad, ctx.alpha, ctx.beta))
+        return grad * ctx.alpha, grad * ctx.beta, None, None
+
+    fast.set_autograd(setup_context, backward, Context, (("alpha", 2), ("beta", 3)))
+    g = generator(torch.device("cpu"), seed)
+    # Given as ints, as floats, and left to the schema's defaults (3.0, -1.0).
+    for extra, want in (((2, -1), (2, -1)), ((0.5, 1.25), (0.5, 1.25)), ((), (3.0, -1.0))):
+        seen: list = []
+        x = torch.randn(5, generator=g, requires_grad=True)
+        y = torch.randn(5, generator=g)
+        out = fast(x, y, *extra)
+        torch.testing.assert_close(out, want[0] * x.detach() + want[1] * y)
+        grad = torch.randn(5, generator=g)
+        out.backward(grad)
+        (needs, alpha, beta), *rest = seen
+        assert not rest and needs == (True, False, False, False)
+        assert (alpha, beta) == want and (type(alpha), type(beta)) == tuple(type(w) for w in want)
+        torch.testing.assert_close(x.grad, want[0] * grad)
+    assert calls == []
+    for bad in ((("alpha", 0),), (("alpha", 4),), ((2, 2),), (("alpha",),), (("alpha", 2.0),)):
+        with pytest.raises(ValueError, match="non-tensor arguments"):
+            fast.set_autograd(setup_context, backward, Context, bad)
+
+
 def test_the_public_function_takes_the_schemas_parameters_and_keywords_take_the_fast_path(seed):
     import inspect
 

@@ -82,10 +82,13 @@ struct FastOp {
   Py_ssize_t to_save_slot;
   bool plain_ctx;  // ctx_type has neither __new__ nor __init__ of its own: allocated without calling it
   // What a setup_context opforge recognised saves (set_autograd's `saves`), done here instead of
-  // calling it: kSavesNothing (setup_context None), kSavesOutput, or the position of the one input
-  // it saves. kSetupInPython: setup_context is called. Unless it is called, the ctx is made when
-  // the backward runs, not on every recording call.
+  // calling it: kSavesNothing (setup_context None), kSavesOutput, the position of the one input
+  // it saves, or kSavesAttributes (it only sets ctx attributes to non-tensor inputs: names in
+  // attr_names, positions in attr_positions). kSetupInPython: setup_context is called. Unless it
+  // is called, the ctx is made when the backward runs, not on every recording call.
   Py_ssize_t saves;
+  PyObject* attr_names;  // a tuple of str (owned), or null
+  std::vector<Py_ssize_t>* attr_positions;
   std::shared_ptr<const struct NodeInfo>* node_info;
   std::vector<size_t>* writes;  // positions of the arguments the schema marks written (Tensor(a!))
   // needs_input_grad tuples by the mask of the tensor arguments that need a gradient (owned; built on
@@ -95,6 +98,7 @@ struct FastOp {
 
 PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
 
+constexpr Py_ssize_t kSavesAttributes = -4;
 constexpr Py_ssize_t kSetupInPython = -3;
 constexpr Py_ssize_t kSavesNothing = -2;
 constexpr Py_ssize_t kSavesOutput = -1;
@@ -164,6 +168,10 @@ struct PyBackward : Node {
   size_t needs_mask = 0;  // bit t: the t-th tensor argument needs a gradient
   std::shared_ptr<const NodeInfo> info;
   bool released = false;
+  // kSavesAttributes: the attributes' names (a tuple) and values (a tuple, the inputs as
+  // setup_context would have seen them), set on the ctx when the backward makes it. Owned.
+  PyObject* attr_names = nullptr;
+  PyObject* attr_values = nullptr;
 
   std::string name() const override { return info->name; }
 
@@ -230,15 +238,25 @@ struct PyBackward : Node {
       Py_DECREF(made);
       throw python_error();
     }
+    if (attr_names != nullptr) {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(attr_names); ++i) {
+        if (PyObject_SetAttr(made, PyTuple_GET_ITEM(attr_names, i), PyTuple_GET_ITEM(attr_values, i)) < 0) {
+          Py_DECREF(made);
+          throw python_error();
+        }
+      }
+    }
     ctx = made;
   }
 
   ~PyBackward() override {
-    if (ctx != nullptr) {
+    if (ctx != nullptr || attr_names != nullptr) {
       // Mostly freed with the GIL held (the output's Python object died): PyGILState is cheaper
       // than pybind11's guard there.
       const PyGILState_STATE gil = PyGILState_Ensure();
-      Py_DECREF(ctx);
+      Py_XDECREF(ctx);
+      Py_XDECREF(attr_names);
+      Py_XDECREF(attr_values);
       PyGILState_Release(gil);
     }
   }
@@ -325,6 +343,21 @@ PyObject* record(const FastOp* f, PyObject* const* args, Py_ssize_t n, const Ten
     node->needs_mask = grad_mask(tensors);
     if (f->saves == kSavesOutput) {
       node->saved.emplace_back(out, /*is_output=*/true);
+    } else if (f->saves == kSavesAttributes) {
+      const auto k = static_cast<Py_ssize_t>(f->attr_positions->size());
+      PyObject* values = PyTuple_New(k);
+      if (values == nullptr) return nullptr;
+      for (Py_ssize_t i = 0; i < k; ++i) {
+        PyObject* v = input_object(f, args, n, (*f->attr_positions)[static_cast<size_t>(i)]);
+        if (v == nullptr) {
+          Py_DECREF(values);
+          return nullptr;
+        }
+        PyTuple_SET_ITEM(values, i, v);
+      }
+      Py_INCREF(f->attr_names);
+      node->attr_names = f->attr_names;
+      node->attr_values = values;
     } else if (f->saves >= 0) {
       const at::Tensor& v = THPVariable_Unpack(args[f->saves]);
       node->saved.emplace_back(v, /*is_output=*/v.is_same(out));
@@ -560,6 +593,8 @@ void fast_dealloc(PyObject* self) {
   Py_XDECREF(f->setup_context);
   Py_XDECREF(f->backward);
   Py_XDECREF(f->ctx_type);
+  Py_XDECREF(f->attr_names);
+  delete f->attr_positions;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -568,6 +603,8 @@ void fast_dealloc(PyObject* self) {
 // setup_context None: one that does nothing, not called. `saves` ("output", or the position
 // of a tensor argument): setup_context only saves that tensor, which is done here instead
 // of calling it (it is still called for an operator of more than 64 tensor arguments).
+// `saves` a tuple of (name, position) pairs: setup_context only sets those ctx attributes to
+// those non-tensor arguments, which the backward does instead when it makes the ctx.
 PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   if (n != 3 && n != 4) {
     PyErr_SetString(PyExc_TypeError, "set_autograd(setup_context, backward, ctx_type[, saves])");
@@ -582,6 +619,8 @@ PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   f->needs_slot = f->to_save_slot = -1;
   f->plain_ctx = false;
   f->saves = kSetupInPython;
+  Py_CLEAR(f->attr_names);
+  f->attr_positions->clear();
   if (!PyType_Check(args[2])) {
     PyErr_SetString(PyExc_TypeError, "set_autograd: ctx_type must be a class");
     return nullptr;
@@ -607,8 +646,35 @@ PyObject* set_autograd(PyObject* self, PyObject* const* args, Py_ssize_t n) {
         return nullptr;
       }
       f->saves = i;
+    } else if (PyTuple_Check(saves) && PyTuple_GET_SIZE(saves) > 0) {
+      const Py_ssize_t k = PyTuple_GET_SIZE(saves);
+      PyObject* attr_names = PyTuple_New(k);
+      if (attr_names == nullptr) return nullptr;
+      std::vector<Py_ssize_t> positions;
+      for (Py_ssize_t j = 0; j < k; ++j) {
+        PyObject* pair = PyTuple_GET_ITEM(saves, j);
+        const bool pair_ok = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+                             PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)) && PyLong_CheckExact(PyTuple_GET_ITEM(pair, 1));
+        const Py_ssize_t i = pair_ok ? PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1)) : -1;
+        if (!pair_ok || i < 0 || i >= static_cast<Py_ssize_t>(f->kinds->size()) ||
+            (*f->kinds)[static_cast<size_t>(i)] == Kind::Tensor) {
+          PyErr_Clear();
+          Py_DECREF(attr_names);
+          PyErr_SetString(PyExc_ValueError,
+                          "set_autograd: saves as attributes takes (name, position) pairs of non-tensor arguments");
+          return nullptr;
+        }
+        PyObject* name = PyTuple_GET_ITEM(pair, 0);
+        Py_INCREF(name);
+        PyTuple_SET_ITEM(attr_names, j, name);
+        positions.push_back(i);
+      }
+      f->attr_names = attr_names;
+      *f->attr_positions = std::move(positions);
+      f->saves = kSavesAttributes;
     } else {
-      PyErr_SetString(PyExc_TypeError, "set_autograd: saves must be None, \"output\" or an argument's position");
+      PyErr_SetString(PyExc_TypeError,
+                      "set_autograd: saves must be None, \"output\", an argument's position or (name, position) pairs");
       return nullptr;
     }
   }
@@ -672,6 +738,8 @@ PyObject* make_fast_op(PyObject* /*module*/, PyObject* arg) {
   f->needs_slot = f->to_save_slot = -1;
   f->plain_ctx = false;
   f->saves = kSetupInPython;
+  f->attr_names = nullptr;
+  f->attr_positions = new std::vector<Py_ssize_t>();
   std::vector<bool> tensor_arg;
   for (const Kind k : *f->kinds) tensor_arg.push_back(k == Kind::Tensor);
   const auto tensor_count = static_cast<size_t>(std::count(tensor_arg.begin(), tensor_arg.end(), true));

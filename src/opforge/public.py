@@ -3,8 +3,10 @@ the eager fast path (opforge.fast) when it applies, else the dispatcher."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import keyword
+import textwrap
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +37,14 @@ def public_function(spec: OpSpec) -> Callable[..., Any]:
         bound = module.fast_op(spec.qualname)
         if bound is not None and spec.backward is not None and spec.setup_context is not None:
             setup = None if _does_nothing(spec.setup_context) else spec.setup_context
-            bound.set_autograd(setup, spec.backward, Context, _saves_one(spec.setup_context))
+            saves = _saves_one(spec.setup_context)
+            if saves is None:
+                saves = _sets_attributes(spec.setup_context, len(op._schema.arguments))
+            try:
+                bound.set_autograd(setup, spec.backward, Context, saves)
+            except ValueError:
+                # An attribute set to a tensor argument: setup_context is called on every recording call.
+                bound.set_autograd(setup, spec.backward, Context, None)
         fast = bound if bound is not None else _declined
         fn._opforge_fast = bound  # type: ignore[attr-defined]
 
@@ -181,6 +190,38 @@ def _saves_one(fn: Callable[..., Any]) -> str | int | None:
     if type(i) is int and i >= 0 and _same_code(fn, _save_input, (*ref[:at], i, *ref[at + 1 :])):
         return i
     return None
+
+
+def _sets_attributes(fn: Callable[..., Any], arguments: int) -> tuple[tuple[str, int], ...] | None:
+    """The (attribute, position) pairs when ``fn``'s whole body is one unpacking of its inputs,
+    one target per argument, each a plain name or an attribute of the ctx
+    (``_, _, ctx.alpha, ctx.beta = inputs``): the fast path then keeps those arguments and sets
+    them on the ctx when a backward runs, instead of calling ``fn`` on every call that records a
+    gradient. None for any other setup_context (or one whose source cannot be read)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_argcount != 3 or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].decorator_list:
+        return None
+    func = tree.body[0]
+    body = func.body[1:] if ast.get_docstring(func) is not None else func.body
+    ctx, inputs = (a.arg for a in func.args.args[:2])
+    if len(body) != 1 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1:
+        return None
+    target, value = body[0].targets[0], body[0].value
+    if not (isinstance(value, ast.Name) and value.id == inputs and isinstance(target, ast.Tuple) and len(target.elts) == arguments):
+        return None
+    pairs = []
+    for i, element in enumerate(target.elts):
+        if isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name) and element.value.id == ctx:
+            pairs.append((element.attr, i))
+        elif not isinstance(element, ast.Name) or element.id in (ctx, inputs):
+            return None
+    return tuple(pairs) or None
 
 
 def _declined(*args: Any) -> Any:
