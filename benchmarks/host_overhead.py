@@ -152,6 +152,9 @@ def device_us_per_call(fn: Callable[[], object], sync: Callable[[], None], calls
 
 
 def commit() -> str:
+    """The checkout's commit (+dirty); OPFORGE_GIT_COMMIT where the tree is a copy (a GPU machine's)."""
+    if os.environ.get("OPFORGE_GIT_COMMIT"):
+        return os.environ["OPFORGE_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
