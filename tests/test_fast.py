@@ -414,10 +414,12 @@ def _keeps_a_star(ctx, inputs, output):
 def test_a_setup_context_that_only_sets_attributes_to_arguments_is_recognised():
     from opforge.public import _sets_attributes
 
-    assert _sets_attributes(_keeps_two, 4) == (("alpha", 2), ("beta", 3))
-    assert _sets_attributes(SPECS["axpby"].setup_context, 4) == (("alpha", 2), ("beta", 3))
-    assert _sets_attributes(SPECS["axpby_backward"].setup_context, 3) == (("alpha", 1), ("beta", 2))
-    assert _sets_attributes(_keeps_two, 5) is None  # one target per argument, or the unpacking would fail
+    axpby = [True, True, False, False]  # x, y, alpha, beta: which are tensors
+    assert _sets_attributes(_keeps_two, axpby) == (("alpha", 2), ("beta", 3))
+    assert _sets_attributes(SPECS["axpby"].setup_context, axpby) == (("alpha", 2), ("beta", 3))
+    assert _sets_attributes(SPECS["axpby_backward"].setup_context, [True, False, False]) == (("alpha", 1), ("beta", 2))
+    assert _sets_attributes(_keeps_two, [*axpby, False]) is None  # one target per argument, or the unpacking would fail
+    assert _sets_attributes(_keeps_two, [True, True, True, False]) is None  # a tensor kept outside the saved tensors
     for other in (
         _keeps_and_saves,
         _keeps_by_index,
@@ -428,7 +430,7 @@ def test_a_setup_context_that_only_sets_attributes_to_arguments_is_recognised():
         lambda ctx, inputs, output: ctx.__setattr__("alpha", inputs[2]),
         print,
     ):
-        assert _sets_attributes(other, 4) is None
+        assert _sets_attributes(other, axpby) is None
 
 
 def test_a_setup_context_that_sets_attributes_is_not_called_and_the_ctx_has_them(seed):

@@ -7,7 +7,7 @@ import ast
 import inspect
 import keyword
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,12 +39,9 @@ def public_function(spec: OpSpec) -> Callable[..., Any]:
             setup = None if _does_nothing(spec.setup_context) else spec.setup_context
             saves = _saves_one(spec.setup_context)
             if saves is None:
-                saves = _sets_attributes(spec.setup_context, len(op._schema.arguments))
-            try:
-                bound.set_autograd(setup, spec.backward, Context, saves)
-            except ValueError:
-                # An attribute set to a tensor argument: setup_context is called on every recording call.
-                bound.set_autograd(setup, spec.backward, Context, None)
+                tensors = [isinstance(a.type, torch._C.TensorType) for a in op._schema.arguments]
+                saves = _sets_attributes(spec.setup_context, tensors)
+            bound.set_autograd(setup, spec.backward, Context, saves)
         fast = bound if bound is not None else _declined
         fn._opforge_fast = bound  # type: ignore[attr-defined]
 
@@ -192,12 +189,14 @@ def _saves_one(fn: Callable[..., Any]) -> str | int | None:
     return None
 
 
-def _sets_attributes(fn: Callable[..., Any], arguments: int) -> tuple[tuple[str, int], ...] | None:
+def _sets_attributes(fn: Callable[..., Any], tensors: Sequence[bool]) -> tuple[tuple[str, int], ...] | None:
     """The (attribute, position) pairs when ``fn``'s whole body is one unpacking of its inputs,
-    one target per argument, each a plain name or an attribute of the ctx
-    (``_, _, ctx.alpha, ctx.beta = inputs``): the fast path then keeps those arguments and sets
-    them on the ctx when a backward runs, instead of calling ``fn`` on every call that records a
-    gradient. None for any other setup_context (or one whose source cannot be read)."""
+    one target per argument (``tensors``: per argument, whether it is a tensor), each a plain name
+    or an attribute of the ctx set to a non-tensor argument (``_, _, ctx.alpha, ctx.beta = inputs``):
+    the fast path then keeps those arguments and sets them on the ctx when a backward runs, instead
+    of calling ``fn`` on every call that records a gradient. None for any other setup_context (a
+    tensor kept as an attribute, which would escape the saved tensors' checks, or one whose source
+    cannot be read)."""
     code = getattr(fn, "__code__", None)
     if code is None or code.co_argcount != 3 or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
         return None
@@ -213,11 +212,13 @@ def _sets_attributes(fn: Callable[..., Any], arguments: int) -> tuple[tuple[str,
     if len(body) != 1 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1:
         return None
     target, value = body[0].targets[0], body[0].value
-    if not (isinstance(value, ast.Name) and value.id == inputs and isinstance(target, ast.Tuple) and len(target.elts) == arguments):
+    if not (isinstance(value, ast.Name) and value.id == inputs and isinstance(target, ast.Tuple) and len(target.elts) == len(tensors)):
         return None
     pairs = []
     for i, element in enumerate(target.elts):
         if isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name) and element.value.id == ctx:
+            if tensors[i]:
+                return None
             pairs.append((element.attr, i))
         elif not isinstance(element, ast.Name) or element.id in (ctx, inputs):
             return None
