@@ -298,6 +298,75 @@ def test_a_users_operator_packages_with_its_library_and_a_shim_and_runs_in_a_fre
     assert "shim calls: 2" in res.stdout, res.stdout
 
 
+# --- the compiler of the model's own library ---
+
+# A package made in a process whose CXX links libstdc++ statically (a GPU image's CXX=/opt/gcc/bin/g++):
+# whether its model library carries its own libstdc++, then the package loaded and run in a fresh process.
+STATIC_CXX_PACKAGE = """
+import sys, zipfile, tempfile, torch
+from pathlib import Path
+import opforge, opforge.export
+from opforge.builder.toolchain import links_libstdcxx_statically
+path = Path(sys.argv[1])
+class Square(torch.nn.Module):
+    def forward(self, x):
+        return opforge.square(x)
+opforge.export.package(Square(), (torch.randn(6, 5),), path)
+with zipfile.ZipFile(path) as z, tempfile.TemporaryDirectory() as tmp:
+    libs = [n for n in z.namelist() if "/aotinductor/" in n and n.endswith(".so")]
+    own = []
+    for n in libs:
+        (Path(tmp) / "m.so").write_bytes(z.read(n))
+        own.append(links_libstdcxx_statically(Path(tmp) / "m.so"))
+print("model libraries:", len(libs), "own libstdc++:", own)
+"""
+
+
+def _static_at_link(folder: Path) -> Path:
+    """A g++ that links libstdc++ statically into shared libraries, as a devtoolset-style GCC does (only
+    there: Inductor also precompiles a header with it)."""
+    wrapper = folder / "g++"
+    wrapper.write_text('#!/bin/sh\ncase " $* " in *" -shared "*) exec g++ "$@" -static-libstdc++ ;; esac\nexec g++ "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.mark.slow
+def test_a_package_made_under_a_static_libstdcxx_compiler_links_it_dynamically_and_loads(tmp_path):
+    static = _static_at_link(tmp_path)
+    env = {**os.environ, "PYTHONPATH": SRC, "CXX": str(static), "OPFORGE_CACHE_DIR": os.environ.get("OPFORGE_CACHE_DIR", "")}
+    env = {k: v for k, v in env.items() if v}
+    made = subprocess.run([sys.executable, "-c", STATIC_CXX_PACKAGE, str(tmp_path / "m.pt2")], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "model libraries: 1 own libstdc++: [False]" in made.stdout, made.stdout + made.stderr
+    x = torch.randn(9, 5)
+    deploy_model.write_arrays(tmp_path / "m.pt2", {"x": x, "out0": x * x})
+    res = fresh_python("-c", FRESH, str(tmp_path / "m.pt2"), str(tmp_path / "m.pt2"), "1", "cpu")
+    assert res.returncode == 0 and "equal: [True]" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_a_model_library_with_its_own_libstdcxx_is_refused_before_it_can_crash_the_loader(tmp_path, monkeypatch):
+    static = _static_at_link(tmp_path)
+    path = tmp_path / "static.pt2"
+    x, configs = torch.randn(6, 5), {"cpp.cxx": (None, str(static))}
+    with pytest.raises(RuntimeError, match=r"package: the compiled model .*links libstdc\+\+ statically"):
+        opforge.export.package(SquareModel(), (x,), path, inductor_configs=configs)
+    assert not path.exists()
+    # The same archive, had it been made elsewhere: load refuses it instead of crashing in it.
+    with monkeypatch.context() as m:
+        m.setattr(opforge.export, "_refuse_own_libstdcxx", lambda *a: None)
+        opforge.export.package(SquareModel(), (x,), path, inductor_configs=configs)
+    with pytest.raises(RuntimeError, match=r"load: .*static.pt2: its model library .*links libstdc\+\+ statically.*CXX=g\+\+"):
+        opforge.export.load(path)
+
+
+class SquareModel(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return opforge.square(x)
+
+
 # --- the generated shims, called as the compiled model calls them ---
 
 

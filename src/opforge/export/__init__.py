@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import json
 import os
+import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import torch
 import opforge
 from opforge.builder.jit import cache_root
 from opforge.builder.registrations import torch_library_registrations
+from opforge.builder.toolchain import STATIC_FIX, choose, links_libstdcxx_statically
 from opforge.export.shims import ShimLibrary, build_shim_library, plan
 
 # Namespaces whose operators Inductor calls through its own C shims or kernels.
@@ -119,6 +121,7 @@ def package(
     ``shims``, the C shim library its compiled code calls."""
     # lazy: import time (torch._inductor, 1.1 s, only for AOTInductor packages)
     import torch._inductor
+    import torch._inductor.config
 
     path = Path(path)
     if isinstance(model, torch.export.ExportedProgram):
@@ -129,6 +132,14 @@ def package(
     ops = custom_ops(ep.graph_module)
     libraries = op_libraries(ops)
     configs: dict[str, Any] = dict(inductor_configs or {})
+    if "cpp.cxx" not in configs:
+        # Inductor compiles the model's library with CXX as it was when torch._inductor was imported. A
+        # devtoolset-style GCC (a GPU image's CXX=/opt/gcc/bin/g++) links its own copy of libstdc++ into
+        # it, and that copy's std::regex crashes the process that loads the package (SIGSEGV in
+        # parse_device_str on an H200 image): the same probe and fallback as opforge's own builds.
+        compiler = choose(torch._inductor.config.cpp.cxx[1])
+        if compiler.fell_back:
+            configs["cpp.cxx"] = (None, compiler.use)
     shim_lib: ShimLibrary | None = None
     refused: dict[str, str] = {}
     if shims and ops:
@@ -146,6 +157,11 @@ def package(
         if shim_lib is not None:
             ctypes.CDLL(str(shim_lib.path))
         torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
+    try:
+        _refuse_own_libstdcxx(path, "package: the compiled model")
+    except RuntimeError:
+        path.unlink()
+        raise
     carried = [*libraries, *([shim_lib.path] if shim_lib else [])]
     _add_libraries(path, carried, ops, shim_lib)
     return Packaged(
@@ -155,6 +171,24 @@ def package(
         shims=[str(s.op) for s in shim_lib.shims] if shim_lib else [],
         proxied=refused,
     )
+
+
+def _refuse_own_libstdcxx(path: Path, what: str) -> None:
+    """A RuntimeError when a model library in the archive carries its own copy of libstdc++: loading
+    it beside torch's shared one crashes the process instead of raising."""
+    with zipfile.ZipFile(path) as z, tempfile.TemporaryDirectory(prefix="opforge-model-") as tmp:
+        for name in z.namelist():
+            if "/aotinductor/" not in name or not name.endswith(".so"):
+                continue
+            so = Path(tmp) / Path(name).name
+            so.write_bytes(z.read(name))
+            if links_libstdcxx_statically(so):
+                raise RuntimeError(
+                    f"{what} {path}: its model library {name} links libstdc++ statically (compiled with a "
+                    "devtoolset-style C++ compiler), and loading it beside torch's shared libstdc++ crashes the "
+                    f"process. Package it again with a compiler that links libstdc++ dynamically: {STATIC_FIX}, "
+                    "or inductor_configs={'cpp.cxx': (None, 'g++')}."
+                )
 
 
 def _archive_root(names: Sequence[str]) -> str:
@@ -234,6 +268,7 @@ def load(path: str | os.PathLike[str], *, directory: str | os.PathLike[str] | No
     import torch._inductor
 
     info = manifest(path)
+    _refuse_own_libstdcxx(Path(path), "load:")
     spaces = {e["file"]: e.get("namespaces", []) for e in info["libraries"]}
     ops = _qualnames(info["ops"])
     for lib, role in extract_libraries(path, directory):
