@@ -60,10 +60,17 @@ fi
 # egg_info writer (kernels.lockfile) that it does not ship, and in the venv it breaks every setuptools
 # metadata step (pip install -e ., the wheel tests). Its dependencies come with it.
 export OPFORGE_KERNELS_SITE=${OPFORGE_KERNELS_SITE:-$PWD/.venv/kernels-site}
+# A machine with no package index (a GPU machine) takes it from wheels carried in the checkout's
+# .whl/ folder (`pip download --no-deps kernels==0.17.0 tomlkit` there); where neither works, the
+# folder says why in .unavailable and the tests that load with kernels skip with that reason.
 if [ ! -f "$OPFORGE_KERNELS_SITE/.installed-0.17.0" ]; then
-  if PIP_RETRIES=1 python -m pip install -q --target "$OPFORGE_KERNELS_SITE" kernels==0.17.0 >/dev/null 2>&1; then
+  if PIP_RETRIES=1 python -m pip install -q --target "$OPFORGE_KERNELS_SITE" kernels==0.17.0 >/dev/null 2>&1 ||
+    { [ -d .whl ] && python -m pip install -q --no-index --no-deps --find-links .whl --target "$OPFORGE_KERNELS_SITE" kernels==0.17.0 tomlkit >/dev/null 2>&1; }; then
+    rm -f "$OPFORGE_KERNELS_SITE/.unavailable"
     touch "$OPFORGE_KERNELS_SITE/.installed-0.17.0"
   else
-    echo "opforge: kernels==0.17.0 could not be installed into $OPFORGE_KERNELS_SITE (no package index?): the kernel-builder tests that load with it fail" >&2
+    mkdir -p "$OPFORGE_KERNELS_SITE"
+    echo "kernels==0.17.0 could not be installed: no package index reached, and no wheel of it in $PWD/.whl" >"$OPFORGE_KERNELS_SITE/.unavailable"
+    echo "opforge: kernels==0.17.0 could not be installed into $OPFORGE_KERNELS_SITE (no package index, no .whl/ wheel): the kernel-builder tests that load with it skip" >&2
   fi
 fi

@@ -41,17 +41,37 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 def need_kernels():
     """The kernels package, from OPFORGE_KERNELS_SITE (what scripts/env.sh installs) or
-    installed; its absence fails the test rather than skipping what it is there to show."""
+    installed. Its absence fails the test rather than skipping what it is there to show, except
+    where scripts/env.sh could not install it (no package index and no wheel carried): that skips,
+    saying how to provide it."""
     if KERNELS_SITE and KERNELS_SITE not in sys.path:
         sys.path.append(KERNELS_SITE)
     try:
         import kernels
     except ImportError as exc:
-        pytest.fail(
-            f"the kernels package is not importable ({exc}): bash scripts/test.sh installs kernels==0.17.0 into "
-            ".venv/kernels-site, or set OPFORGE_KERNELS_SITE to a folder holding it"
+        how = (
+            "bash scripts/test.sh installs kernels==0.17.0 into .venv/kernels-site from the package index, or from "
+            "wheels in the checkout's .whl/ folder (pip download --no-deps kernels==0.17.0 tomlkit), "
+            "or set OPFORGE_KERNELS_SITE to a folder holding it"
         )
+        unavailable = Path(KERNELS_SITE, ".unavailable") if KERNELS_SITE else None
+        if unavailable is not None and unavailable.is_file():
+            pytest.skip(f"{unavailable.read_text().strip()}; {how}")
+        pytest.fail(f"the kernels package is not importable ({exc}): {how}")
     return kernels
+
+
+def test_without_kernels_and_no_way_to_install_it_the_tests_skip_saying_how(tmp_path, monkeypatch):
+    (tmp_path / ".unavailable").write_text("kernels==0.17.0 could not be installed: no package index reached\n")
+    monkeypatch.setattr(sys.modules[__name__], "KERNELS_SITE", str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "kernels", None)
+    with pytest.raises(pytest.skip.Exception, match=r"could not be installed: no package index reached; .*\.whl/ folder"):
+        need_kernels()
+    # Where the install was not tried or should have worked, its absence is a failure.
+    (tmp_path / ".unavailable").unlink()
+    with pytest.raises(pytest.fail.Exception, match="the kernels package is not importable"):
+        need_kernels()
 
 
 def copy_fixture(tmp_path: Path, name: str) -> Path:
