@@ -325,3 +325,42 @@ def test_qqq_linears_that_do_not_split_evenly_are_refused_naming_the_sizes():
             parallelize_module(copy.deepcopy(layer), mesh, ColwiseParallel())
         with pytest.raises(ValueError, match=r"row-parallel over 2 ranks needs in_features / 32 divisible by 2 .* in_features = 96"):
             parallelize_module(copy.deepcopy(layer), mesh, RowwiseParallel())
+
+
+# A user's training script: an operator of its own, its spec declared and registered in the script,
+# then called on DTensors at once (no spec file, no package import to register the strategy).
+USER_SCRIPT = """
+import torch, torch.distributed as dist, opforge
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+@torch.library.custom_op("userop::cube", mutates_args=())
+def cube(x: torch.Tensor) -> torch.Tensor:
+    return x * x * x
+
+cube.register_fake(lambda x: torch.empty_like(x))
+spec = opforge.register(opforge.spec(torch.ops.userop.cube.default, reference=lambda x: x**3, sharding="pointwise"))
+assert opforge.register(spec) is spec  # the same spec again: nothing more to do
+dist.init_process_group("fake", rank=0, world_size=2)
+with LocalTensorMode(2):
+    mesh = init_device_mesh("cpu", (2,))
+    x = torch.randn(7, 3)
+    d = distribute_tensor(x, mesh, [Shard(0)])
+    out = torch.ops.userop.cube(d)
+    full = out.full_tensor()
+    full = full.reconcile() if hasattr(full, "reconcile") else full
+print("placements:", out.placements, "equal:", torch.allclose(full, x**3))
+dist.destroy_process_group()
+"""
+
+
+def test_a_spec_registered_in_a_users_script_shards_at_once():
+    res = run_python(USER_SCRIPT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "placements: (Shard(dim=0),) equal: True" in res.stdout, res.stdout
+
+
+def test_register_refuses_what_is_not_a_spec():
+    with pytest.raises(TypeError, match=r"opforge.register: expected an OpSpec .*got str: 'cube'"):
+        opforge.register("cube")

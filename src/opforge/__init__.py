@@ -30,7 +30,7 @@ from opforge.builder.prebuilt import load_op_library
 # opforge.spec was imported, it keeps the name. `from opforge.spec import ...`
 # still reaches the module, which Python finds in sys.modules.
 from opforge.derive import spec
-from opforge.spec import all_specs, register_module
+from opforge.spec import all_specs, register, register_module
 
 __version__ = "0.1.0"
 
@@ -68,4 +68,4 @@ if os.environ.get("OPFORGE_NO_AUTOLOAD") != "1":
 
 from opforge import nn  # noqa: E402 - after the operators, which its modules call
 
-__all__ = ["all_specs", "library", "load", "load_library", "nn", "spec", *(_s.name for _s in all_specs())]
+__all__ = ["all_specs", "library", "load", "load_library", "nn", "register", "spec", *(_s.name for _s in all_specs())]

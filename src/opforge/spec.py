@@ -335,7 +335,14 @@ _REGISTRY: dict[str, OpSpec] = {}
 
 def register(spec: OpSpec) -> OpSpec:
     """Adds a spec whose operator is already in torch.ops, and registers its
-    fake kernel and autograd formula. Library ops and users' ops both go here."""
+    fake kernel, autograd formula, public function and sharding strategies. Library
+    ops and users' ops both go here; ``opforge.register(opforge.spec(...))`` in a
+    user's own script. The same spec again is a no-op (a spec file that registers
+    its specs itself, then loaded by ``opforge check``)."""
+    if not isinstance(spec, OpSpec):
+        raise TypeError(f"opforge.register: expected an OpSpec (as opforge.spec(...) makes), got {type(spec).__name__}: {spec!r:.80}")
+    if _REGISTRY.get(spec.qualname) is spec:
+        return spec
     if spec.qualname in _REGISTRY:
         raise ValueError(f"{spec.qualname}: a spec for this operator is already registered")
     spec.overload  # noqa: B018 - fails clearly if the C++ side lacks it
