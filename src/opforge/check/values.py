@@ -99,9 +99,11 @@ def measure_error(
     every subnormal of float32 and the half types) gives way to two of the
     dtype's smallest subnormals. Not in ordinary samples: a float16 matmul's sum
     of normal terms may land among the subnormals, with the error of the terms.
-    A zero there (a kernel built with fast math flushes subnormals by design)
-    is counted in ``n_flushed``, not ``n_bad``; with ``strict`` it is bad, and so
-    is a zero of the other sign where the reference is an exact zero.
+    There, and in ordinary samples where it is off (float16's subnormals lie
+    above its absolute tolerance), a zero for a subnormal result (a kernel built
+    with fast math flushes subnormals by design) is counted in ``n_flushed``,
+    not ``n_bad``; with ``strict`` it is bad, and so is a zero of the other sign
+    where the reference is an exact zero (in the samples holding special values).
 
     ``own``: the reference evaluated in the operator's own dtype; an element
     that matches it is not bad (eager torch in float32 overflows x1*c - x2*s near
@@ -120,10 +122,10 @@ def measure_error(
     wrong_sign = flushed = torch.zeros(o.shape, dtype=torch.bool, device=o.device)
     if out.is_floating_point():
         fi = torch.finfo(out.dtype)
+        subnormal = (r_out != 0) & (r_out.abs() < fi.tiny)
+        flushed = subnormal & (o == 0)
         if subnormals:
-            subnormal = (r_out != 0) & (r_out.abs() < fi.tiny)
             bound = torch.where(subnormal, torch.minimum(bound, rtol * r.abs() + 2 * fi.tiny * fi.eps), bound)
-            flushed = subnormal & (o == 0)
             if strict:
                 wrong_sign = (o == 0) & (r == 0) & (torch.signbit(o) != torch.signbit(r))
     good = _matches(o, r, r_out, bound)
