@@ -14,9 +14,15 @@ Checks per operator, all read from its spec:
   the spec says ``special_values=False``) the small samples again with NaN,
   +-Inf, +-0, subnormals and the dtype's largest finite values written into
   their inputs: NaN must stay NaN where the reference gives NaN, an Inf must
-  be the reference's, rounded to the output's dtype, a subnormal result must
-  not be flushed to zero; in every sample a zero must have the reference's sign;
-* opcheck: ``torch.library.opcheck`` with its four test utils;
+  be the reference's, rounded to the output's dtype; a subnormal result
+  flushed to zero is a note, and a zero of either sign matches a zero, unless
+  the spec says ``special_values="strict"``. Each output has the reference's
+  dtype (an integer or bool one compared exactly); an element off against the
+  float64 reference but equal to the reference run in the operator's own dtype
+  (what eager torch gives there) is not a failure;
+* opcheck: ``torch.library.opcheck`` with its four test utils (an operator
+  without a fake kernel fails opcheck, compile and export with one line that
+  says how to register one);
 * gradcheck, gradgradcheck: ``torch.autograd.gradcheck`` and ``gradgradcheck``
   (differentiable ops only), in float64, or in float32 for an operator whose
   spec does not take float64; and compile: ``torch.compile(fullgraph=True)``
