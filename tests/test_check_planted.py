@@ -1,9 +1,12 @@
 """opforge check against kernels with a bug planted where a checker is easiest
 to fool (tests/fixtures/planted_ops): an in-place kernel that does nothing or
 adds too much, an out= kernel that writes nothing, a kernel wrong on its
-optional tensor, one wrong past 50,000 elements, one that flushes subnormals
-or writes -0 for +0, and kernels of integer, bool and complex dtypes. Each
-must fail, and its correct twin pass."""
+optional tensor, one wrong past 50,000 elements, kernels of integer, bool and
+complex dtypes, an argmax off by one, an overflow that clamps or turns NaN into
+0, a kernel that differs between calls, one without a fake kernel, a segment
+sum that drops a value. Each must fail, and its correct twin pass, with check
+and bench judging what the operator promises: a flush of subnormals or a zero
+of the other sign fails only under special_values="strict"."""
 
 from __future__ import annotations
 
@@ -313,6 +316,17 @@ def test_aten_argmax_passes_check_and_bench_with_its_gradient_checks_not_applica
     spec._register()  # its public function, which bench times
     rows = bench_op(spec, CPU, seed=seed, budget_s=0.01, compile=False)
     assert rows and all(r.status == "ok" and r.timings.get("opforge") for r in rows), [r.status for r in rows]
+
+
+@pytest.mark.cuda
+def test_aten_argmax_passes_check_and_bench_on_cuda(seed):
+    cuda = torch.device("cuda")
+    spec = opforge.spec(torch.ops.aten.argmax.default, reference=torch.argmax)
+    results = check_op(spec, cuda, seed, ("reference", "gradcheck", "gradgradcheck", "compile", "export"))
+    assert all(r.status != "fail" for r in results), [(r.check, r.failures) for r in results]
+    spec._register()
+    rows = bench_op(spec, cuda, seed=seed, budget_s=0.01, compile=False, dtypes=(torch.float32,))
+    assert rows and all(r.status == "ok" for r in rows), [r.status for r in rows]
 
 
 def test_gradients_are_still_checked_where_one_output_is_floating(seed):
