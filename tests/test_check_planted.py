@@ -1,9 +1,12 @@
 """opforge check against kernels with a bug planted where a checker is easiest
 to fool (tests/fixtures/planted_ops): an in-place kernel that does nothing or
 adds too much, an out= kernel that writes nothing, a kernel wrong on its
-optional tensor, one wrong past 50,000 elements, one that flushes subnormals
-or writes -0 for +0, and kernels of integer, bool and complex dtypes. Each
-must fail, and its correct twin pass."""
+optional tensor, one wrong past 50,000 elements, kernels of integer, bool and
+complex dtypes, an argmax off by one, an overflow that clamps or turns NaN into
+0, a kernel that differs between calls, one without a fake kernel, a segment
+sum that drops a value. Each must fail, and its correct twin pass, with check
+and bench judging what the operator promises: a flush of subnormals or a zero
+of the other sign fails only under special_values="strict"."""
 
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ import pytest
 import torch
 
 import opforge
-from opforge.bench.run import bench_op
+from opforge.bench.run import bench_op, input_sets
 from opforge.check.run import check_op, check_reference
-from opforge.check.values import measure_error
+from opforge.check.values import difference, measure_error
 from opforge.derive import DeriveError
 from opforge.spec import Sample, SpecError
 
@@ -147,19 +150,31 @@ def test_a_kernel_wrong_past_50000_elements_fails_its_reference_check_only(seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-def test_a_kernel_that_flushes_subnormals_fails(dtype, seed):
+def test_a_flush_of_subnormals_is_a_note_by_default_and_a_failure_when_strict(dtype, seed):
     assert _reference(opforge.spec(OPS.copy.default, reference=torch.clone, dtypes=(dtype,)), seed).status == "pass"
     res = _reference(opforge.spec(OPS.copy_ftz.default, reference=torch.clone, dtypes=(dtype,)), seed)
-    assert res.status == "fail"
+    assert res.status == "pass", res.failures
+    name = str(dtype).removeprefix("torch.")
+    assert re.search(rf"flushes subnormal results to zero \({name} \d+ elements?\)", res.note), res.note
+    strict = _reference(opforge.spec(OPS.copy_ftz.default, reference=torch.clone, dtypes=(dtype,), special_values="strict"), seed)
+    assert strict.status == "fail"
     # float16's subnormals (under 6.1e-5) are drawn in plain samples too.
-    assert any("special values" in f for f in res.failures), res.failures
-    assert all(re.search(r"got -?0 want -?\d", f) for f in res.failures), res.failures
+    assert any("special values" in f for f in strict.failures), strict.failures
+    assert all(re.search(r"got -?0 want -?\d", f) for f in strict.failures), strict.failures
+    assert "flushes" not in strict.note
 
 
-def test_a_kernel_that_writes_minus_zero_for_zero_fails(seed):
-    res = _reference(opforge.spec(OPS.copy_negzero.default, reference=torch.clone), seed)
+def test_a_zero_of_the_other_sign_is_equal_by_default_and_a_failure_when_strict(seed):
+    assert _reference(opforge.spec(OPS.copy_negzero.default, reference=torch.clone), seed).status == "pass"
+    res = _reference(opforge.spec(OPS.copy_negzero.default, reference=torch.clone, special_values="strict"), seed)
     assert res.status == "fail"
     assert all("special values" in f and "got -0 want 0" in f for f in res.failures), res.failures
+
+
+@pytest.mark.parametrize("value", ["loose", 1, None])
+def test_special_values_other_than_true_false_or_strict_is_an_error_naming_the_spec(value):
+    with pytest.raises(SpecError, match=r"spec of planted_ops::copy: special_values= is True, False or \"strict\", got"):
+        opforge.spec(OPS.copy.default, reference=torch.clone, special_values=value)
 
 
 def test_measure_error_sees_flushed_subnormals_and_signed_zeros():
@@ -168,14 +183,18 @@ def test_measure_error_sees_flushed_subnormals_and_signed_zeros():
     ref = torch.tensor([sub, -sub, 0.0, -0.0, 1.0], dtype=torch.float64)
     assert measure_error(ref.float(), ref, 1e-6, 1e-6, subnormals=True).n_bad == 0
     flushed = torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0])
-    e = measure_error(flushed, ref, 1e-6, 1e-6, subnormals=True)
+    e = measure_error(flushed, ref, 1e-6, 1e-6, subnormals=True, strict=True)
     assert (e.n_bad, e.first_bad) == (2, (0,))
+    # By default a flush is counted apart, not as a mismatch.
+    e = measure_error(flushed, ref, 1e-6, 1e-6, subnormals=True)
+    assert (e.n_bad, e.n_flushed) == (0, 2)
     # In an ordinary sample a result among the subnormals carries the absolute tolerance (a float16 matmul's may).
     assert measure_error(flushed, ref, 1e-6, 1e-6).n_bad == 0
     signs = torch.tensor([sub, -sub, -0.0, 0.0, 1.0])
     # In an ordinary sample a zero's sign is free: a sum's zero takes it from the order of its terms.
     assert measure_error(signs, ref, 1e-6, 1e-6).n_bad == 0
-    e = measure_error(signs, ref, 1e-6, 1e-6, subnormals=True)
+    assert measure_error(signs, ref, 1e-6, 1e-6, subnormals=True).n_bad == 0
+    e = measure_error(signs, ref, 1e-6, 1e-6, subnormals=True, strict=True)
     assert (e.n_bad, e.first_bad, e.got, e.want) == (2, (2,), -0.0, 0.0)
     assert math.copysign(1, e.got) == -1
     # A subnormal result one ulp off (a kernel that rounds once more) is still right.
@@ -263,3 +282,198 @@ def test_a_derived_spec_of_a_packet_whose_default_takes_no_tensor_asks_for_the_o
     ):
         opforge.spec(torch.ops.aten.add, reference=torch.add)
     assert opforge.spec(torch.ops.aten.add.Tensor, reference=torch.add).overload_name == "Tensor"
+
+
+# --- integer and bool outputs ---
+
+
+@pytest.mark.parametrize(("right", "wrong"), [("argmax_last", "argmax_last_off"), ("positive", "positive_not")])
+def test_integer_and_bool_outputs_of_a_float_input_are_compared_exactly_in_the_references_dtype(right, wrong, seed):
+    reference = (lambda x: x.argmax(-1)) if right == "argmax_last" else (lambda x: x > 0)
+    results = check_op(opforge.spec(getattr(OPS, right).default, reference=reference), CPU, seed)
+    assert all(r.status != "fail" for r in results), [(r.check, r.failures) for r in results]
+    res = _reference(opforge.spec(getattr(OPS, wrong).default, reference=reference), seed)
+    assert res.status == "fail"
+    assert all("elements off (atol 0, rtol 0)" in f and "dtype" not in f for f in res.failures), res.failures
+
+
+def test_an_integer_output_of_another_dtype_than_the_references_fails_for_its_dtype(seed):
+    res = _reference(opforge.spec(OPS.argmax_last.default, reference=lambda x: x.argmax(-1).int()), seed)
+    assert res.status == "fail"
+    assert "output 0 has dtype torch.int64, expected torch.int32 (the reference's)" in res.failures[0], res.failures[0]
+
+
+def test_aten_argmax_passes_check_and_bench_with_its_gradient_checks_not_applicable(seed):
+    spec = opforge.spec(torch.ops.aten.argmax.default, reference=torch.argmax)
+    results = {r.check: r for r in check_op(spec, CPU, seed)}
+    assert all(r.status != "fail" for r in results.values()), {k: r.failures for k, r in results.items()}
+    # Derived samples of no elements: argmax refuses them, as its reference does.
+    assert "both refuse" in results["reference"].note and "[empty" in results["reference"].note
+    for check in ("gradcheck", "gradgradcheck"):
+        assert results[check].status == "n/a"
+        assert results[check].note.startswith("no floating output (returns int64 only)"), results[check].note
+    assert results["compile"].status == "pass" and "backward not run" in results["compile"].note
+    spec._register()  # its public function, which bench times
+    rows = bench_op(spec, CPU, seed=seed, budget_s=0.01, compile=False)
+    assert rows and all(r.status == "ok" and r.timings.get("opforge") for r in rows), [r.status for r in rows]
+
+
+@pytest.mark.cuda
+def test_aten_argmax_passes_check_and_bench_on_cuda(seed):
+    cuda = torch.device("cuda")
+    spec = opforge.spec(torch.ops.aten.argmax.default, reference=torch.argmax)
+    results = check_op(spec, cuda, seed, ("reference", "gradcheck", "gradgradcheck", "compile", "export"))
+    assert all(r.status != "fail" for r in results), [(r.check, r.failures) for r in results]
+    spec._register()
+    rows = bench_op(spec, cuda, seed=seed, budget_s=0.01, compile=False, dtypes=(torch.float32,))
+    assert rows and all(r.status == "ok" for r in rows), [r.status for r in rows]
+
+
+def test_gradients_are_still_checked_where_one_output_is_floating(seed):
+    spec = opforge.spec(torch.ops.aten.sort.default, reference=torch.sort)
+    (grad,) = check_op(spec, CPU, seed, ("gradcheck",))
+    assert grad.status == "pass" and grad.count > 0, (grad.note, grad.failures)
+
+
+# --- what eager torch gives in the operator's own dtype ---
+
+
+def _rot_reference(x1, x2, c, s):
+    return x1 * c - x2 * s
+
+
+def _rot_samples(device, dtype, gen):
+    big = torch.finfo(dtype).max
+    r = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, generator=gen)  # noqa: E731
+    yield Sample((r(7, 5), r(7, 5), r(7, 5), r(7, 5)), {}, "ordinary")
+    full = lambda v: torch.full((6,), v, device=device, dtype=dtype)  # noqa: E731
+    # x1 * c alone past the largest value: +Inf in every dtype.
+    yield Sample((full(big), full(1.0), full(2.0), full(1.0)), {}, "one product past the largest value")
+    # Both products past it: inf - inf = NaN in the operator's dtype, 0 in float64.
+    yield Sample((full(big), full(big), full(2.0), full(2.0)), {}, "both products past the largest value")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_overflow_that_eager_torch_gives_in_the_operators_dtype_is_not_a_failure(dtype, seed):
+    spec = lambda op: opforge.spec(op, reference=_rot_reference, samples=_rot_samples, dtypes=(dtype,))  # noqa: E731
+    res = _reference(spec(OPS.rot.default), seed)
+    assert res.status == "pass", res.failures
+    # Broken kernels still fail: infinities clamped, NaN turned into 0, a finite value wrong.
+    clamped = _reference(spec(OPS.rot_clamped.default), seed)
+    assert clamped.status == "fail"
+    assert any("[one product past the largest value]" in f and re.search(r"got 3\.\d+e\+38", f) for f in clamped.failures), clamped.failures
+    nan0 = _reference(spec(OPS.rot_nan0.default), seed)
+    assert nan0.status == "fail" and any("got 0 want nan" in f for f in nan0.failures), nan0.failures
+    wrong = _reference(spec(OPS.rot_wrong.default), seed)
+    assert wrong.status == "fail" and any("[ordinary]" in f for f in wrong.failures), wrong.failures
+
+
+def test_measure_error_takes_the_reference_in_the_operators_own_dtype():
+    inf, nan = math.inf, math.nan
+    ref = torch.tensor([0.0, inf, 1.0], dtype=torch.float64)
+    out = torch.tensor([nan, inf, 1.0])
+    assert measure_error(out, ref, 1e-6, 1e-6).n_bad == 1
+    e = measure_error(out, ref, 1e-6, 1e-6, own=torch.tensor([nan, inf, 1.0]))
+    assert (e.n_bad, e.max_abs) == (0, 0.0)
+    # An own-dtype reference does not excuse what it does not give.
+    assert measure_error(torch.tensor([0.0, 3.4e38, 2.0]), ref, 1e-6, 1e-6, own=torch.tensor([nan, inf, 1.0])).n_bad == 2
+
+
+# --- NaN in compile and export, and what a difference says ---
+
+
+def test_an_operator_whose_result_holds_nan_by_design_passes_compile_and_export(seed):
+    spec = opforge.spec(OPS.log.default, reference=torch.log)
+    results = {r.check: r for r in check_op(spec, CPU, seed, ("reference", "opcheck", "compile", "export"))}
+    assert all(r.status == "pass" for r in results.values()), {k: r.failures for k, r in results.items()}
+
+
+def test_a_kernel_that_differs_under_compile_and_export_names_the_element_and_both_values(seed):
+    spec = opforge.spec(OPS.log_drift.default, reference=torch.log)
+    compiled, exported = check_op(spec, CPU, seed, ("compile", "export"))
+    assert compiled.status == "fail" and exported.status == "fail"
+    for f in compiled.failures + exported.failures:
+        assert re.search(r"differs from eager: 1/\d+ elements differ: first at \[\d+, \d+\] got -?[\d.]+(e[-+]\d+)? want -?[\d.]+", f), f
+        assert "None" not in f
+
+
+def test_difference_is_nan_aware_and_names_the_element():
+    nan = math.nan
+    want = torch.tensor([[1.0, nan], [-0.0, 4.0]])
+    assert difference(want.clone(), want) is None
+    assert difference(torch.tensor([[1.0, nan], [0.0, 4.0]]), want) is None  # -0 == +0, as torch.equal has it
+    got = torch.tensor([[1.0, 2.0], [-0.0, 4.0]])
+    assert difference(got, want) == "1/4 elements differ: first at [0, 1] got 2.0 want nan"
+    assert difference(got.double(), want) == "dtype torch.float64, eager torch.float32"
+    assert difference(got[0], want) == "shape [2], eager [2, 2]"
+
+
+# --- an operator without a fake kernel ---
+
+
+def test_a_missing_fake_kernel_is_one_line_naming_the_registration_in_every_check_that_needs_it(seed):
+    spec = opforge.spec(OPS.twice_nofake.default, reference=lambda x: x * 2)
+    results = {r.check: r for r in check_op(spec, CPU, seed, ("reference", "opcheck", "compile", "export"))}
+    assert results["reference"].status == "pass"
+    for check in ("opcheck", "compile", "export"):
+        res = results[check]
+        assert res.status == "fail" and len(res.failures) == 1, (check, res.failures)
+        (line,) = res.failures
+        assert "\n" not in line and "scroll up" not in line
+        assert line.startswith(f"planted_ops::twice_nofake has no fake kernel, which {check} needs"), line
+        assert 'torch.library.register_fake("planted_ops::twice_nofake")' in line
+        assert "TORCH_LIBRARY_IMPL(planted_ops, Meta, m)" in line
+    # Its twin with a fake kernel passes them.
+    twin = check_op(opforge.spec(OPS.twice.default, reference=lambda x: x * 2), CPU, seed, ("opcheck", "compile", "export"))
+    assert all(r.status == "pass" for r in twin), [r.failures for r in twin]
+
+
+def test_a_custom_op_without_register_fake_is_told_the_same(seed):
+    @torch.library.custom_op("planted_ops_custom::halve", mutates_args=())
+    def halve(x: torch.Tensor) -> torch.Tensor:
+        return x / 2
+
+    (res,) = check_op(opforge.spec(torch.ops.planted_ops_custom.halve.default, reference=lambda x: x / 2), CPU, seed, ("opcheck",))
+    assert res.status == "fail" and len(res.failures) == 1
+    assert 'torch.library.register_fake("planted_ops_custom::halve")' in res.failures[0], res.failures[0]
+
+
+# --- bench: the inputs the spec declares ---
+
+
+def _segment_samples(device, dtype, gen):
+    for counts in ([3, 0, 5, 1], [17, 4, 9, 2, 11, 6]):
+        offsets = torch.tensor([0, *counts], device=device).cumsum(0)
+        values = torch.randn(int(offsets[-1]), device=device, dtype=dtype, generator=gen)
+        yield Sample((values, offsets), {}, f"{len(counts)} segments")
+
+
+def _segment_reference(values, offsets):
+    return torch.stack([values[b:e].sum() for b, e in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)])
+
+
+def test_bench_keeps_index_inputs_as_declared_and_still_refuses_a_wrong_kernel(seed):
+    # float32 and float64: a half type's sum depends on its order of additions.
+    fields = {
+        "reference": _segment_reference,
+        "samples": _segment_samples,
+        "bench_cases": _segment_samples,
+        "dtypes": ("float32", "float64"),
+    }
+    spec = opforge.spec(OPS.segment_sum.default, **fields)
+    spec._register()  # its public function, which bench times
+    rows = bench_op(spec, CPU, seed=seed, budget_s=0.01, compile=False)
+    assert rows and all(r.status == "ok" and r.timings.get("opforge") for r in rows), [r.status for r in rows]
+    wrong = bench_op(opforge.spec(OPS.segment_sum_wrong.default, **fields), CPU, seed=seed, budget_s=0.01, compile=False)
+    assert len(wrong) == 1 and wrong[0].status.startswith("refused: fails its reference check"), wrong[0].status
+
+
+def test_input_sets_move_floating_values_only():
+    gen = torch.Generator().manual_seed(0)
+    values, offsets, mask = torch.randn(40), torch.tensor([0, 3, 3, 17, 40]), torch.rand(40) > 0.5
+    sets = input_sets(Sample((values, offsets, mask), {}, "csr"), l2_bytes=64_000, gen=gen)
+    assert len(sets) > 2
+    for s in sets[1:]:
+        assert not torch.equal(s.args[0], values) and torch.equal(s.args[0].sort().values, values.sort().values)
+        assert torch.equal(s.args[1], offsets) and s.args[1].data_ptr() != offsets.data_ptr()
+        assert torch.equal(s.args[2], mask) and s.args[2].data_ptr() != mask.data_ptr()

@@ -196,8 +196,11 @@ class OpSpec:
     sample_tolerance: Callable[[Sample, torch.dtype], tuple[float, float]] | None = None
     # The reference check also runs samples holding NaN, +-Inf, -0.0, subnormals
     # and each dtype's largest finite values; False where the reference does not
-    # define what a kernel must give for them (say why at the spec).
-    special_values: bool = True
+    # define what a kernel must give for them (say why at the spec). By default
+    # a zero of either sign matches a zero, and a subnormal result flushed to
+    # zero is a note, not a failure (fast-math kernels flush by design);
+    # "strict": a zero must have the reference's sign, and a flush fails.
+    special_values: bool | str = True
     # gradgradcheck joins the checks for a differentiable op; False where its
     # backward has no derivative of its own.
     double_backward: bool = True
@@ -230,6 +233,8 @@ class OpSpec:
         self.dtypes = as_dtypes(self.dtypes, f"{where}: dtypes=")
         if not self.dtypes:
             raise SpecError(f"{where}: dtypes=() leaves nothing to check; give at least one dtype")
+        if self.special_values not in (True, False, "strict") or not isinstance(self.special_values, (bool, str)):
+            raise SpecError(f'{where}: special_values= is True, False or "strict", got {self.special_values!r:.60}')
         if not isinstance(self.tolerances, Mapping):
             raise SpecError(f"{where}: tolerances= must map dtypes to (atol, rtol), got {self.tolerances!r:.60}")
         tolerances = {}

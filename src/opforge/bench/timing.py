@@ -226,8 +226,10 @@ def _input_bytes(sample: Sample) -> int:
 def input_sets(sample: Sample, l2_bytes: int, gen: torch.Generator) -> list[Sample]:
     """The sample and, when it fits in the cache (``l2_bytes``: a GPU's L2, the
     CPU's last level) several times over, fresh copies of it: each tensor in
-    new memory of its own layout, its values rolled (same values, new
-    arrangement). On a GPU up to ``_MAX_INPUT_SETS``; on the CPU as many as
+    new memory of its own layout, a floating one's values rolled (same values,
+    new arrangement), an integer or bool one's (indices, offsets, ids, masks)
+    kept as they are: rolled, a CSR offsets array would stop being monotone and
+    an index would point elsewhere, inputs the spec never declared. On a GPU up to ``_MAX_INPUT_SETS``; on the CPU as many as
     fill twice the cache, up to ``_MAX_CPU_INPUT_SETS``."""
     size = _input_bytes(sample)
     if size == 0 or l2_bytes == 0 or size > l2_bytes:
@@ -242,15 +244,17 @@ def input_sets(sample: Sample, l2_bytes: int, gen: torch.Generator) -> list[Samp
 
 
 def _rolled_copy(a: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """``a``'s values rolled by a random shift, in new memory with ``a``'s strides
-    (a transposed or channels_last input stays one). An expanded tensor, whose
-    elements share memory, is returned as it is: a copy could not keep its layout."""
+    """``a`` in new memory with its strides (a transposed or channels_last input
+    stays one), a floating or complex one's values rolled by a random shift, an
+    integer or bool one's as they are. An expanded tensor, whose elements share
+    memory, is returned as it is: a copy could not keep its layout."""
     if a.numel() < 2 or expanded(a):
         return a
-    shift = int(torch.randint(1, a.numel(), (1,), generator=gen, device=gen.device))
+    moves = a.is_floating_point() or a.is_complex()
+    shift = int(torch.randint(1, a.numel(), (1,), generator=gen, device=gen.device)) if moves else 0
     with torch.no_grad():
         copy = a.new_empty_strided(a.shape, a.stride())
-        copy.copy_(a.reshape(-1).roll(shift).reshape(a.shape))
+        copy.copy_(a.reshape(-1).roll(shift).reshape(a.shape) if shift else a)
     return copy.requires_grad_(a.requires_grad)  # a leaf, as the sample's own tensor is
 
 

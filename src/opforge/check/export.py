@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from opforge.check.grad import COMPILE_MAX_NUMEL, compile_dtype, compile_sample
-from opforge.check.steps import CheckResult, first_line, generator, map_tensors, sample_label, settle, step
-from opforge.check.values import compare, small, tensors
+from opforge.check.steps import CheckResult, first_line, generator, map_tensors, missing_fake, sample_label, settle, step
+from opforge.check.values import difference, small, tensors
 from opforge.spec import OpSpec, Sample
 
 
@@ -137,9 +137,12 @@ def check_export(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
         if len(want) != len(got):
             res.failures.append(f"{label}: {what} returned {len(got)} tensors, eager {len(want)}")
         for k, (w, g) in enumerate(zip(want, got, strict=False)):
-            if w.shape != g.shape or w.dtype != g.dtype or not torch.equal(w, g):
-                res.failures.append(f"{label}: {what} output {k} differs from eager: {compare(g, w, 0, 0)}")
+            if problem := difference(g, w):
+                res.failures.append(f"{label}: {what} output {k} differs from eager: {problem}")
 
+    step(spec, "export", f"{label}: on fake tensors")
+    if missing := missing_fake(spec, sample, "export"):
+        return CheckResult(spec.name, "export", "fail", count=1, failures=[missing], tag="no fake kernel")
     step(spec, "export", label)
     try:
         want = run(module)

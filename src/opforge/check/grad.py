@@ -19,8 +19,19 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from opforge.check.steps import CheckResult, dtype_name, first_line, generator, map_tensors, sample_label, settle, step, with_grad
-from opforge.check.values import compare, self_overlapping, small, tensors
+from opforge.check.steps import (
+    CheckResult,
+    dtype_name,
+    first_line,
+    generator,
+    map_tensors,
+    missing_fake,
+    sample_label,
+    settle,
+    step,
+    with_grad,
+)
+from opforge.check.values import compare, difference, self_overlapping, small, tensors
 from opforge.spec import OpSpec, Sample
 
 # gradcheck's numerical Jacobian costs one forward per input element.
@@ -78,6 +89,35 @@ def _begin(spec: OpSpec, check: str) -> tuple[CheckResult, torch.dtype | None]:
     return res, dtype
 
 
+def floating_outputs(spec: OpSpec, sample: Sample, check: str) -> str:
+    """ "" where one of the operator's outputs for ``sample`` is floating (or
+    complex), or the call fails (the check then says why); else why there is no
+    gradient to check ("returns int64 only": indices, counts, masks)."""
+    step(spec, check, f"{sample_label(spec, sample_dtype(sample), sample)}: which outputs are floating?")
+    try:
+        with torch.no_grad():
+            outs = tensors(spec.overload(*map_tensors(sample.args, torch.clone), **sample.kwargs))
+        settle(sample_device(sample))
+    except Exception:  # noqa: BLE001 - the check's own run reports it
+        return ""
+    if not outs or any(t.is_floating_point() or t.is_complex() for t in outs):
+        return ""
+    return f"no floating output (returns {', '.join(dict.fromkeys(dtype_name(t.dtype) for t in outs))} only): nothing to differentiate"
+
+
+def sample_dtype(sample: Sample) -> torch.dtype:
+    """The dtype of the sample's first floating tensor (else its first tensor's)."""
+    ts = tensors(sample.args)
+    return next((t.dtype for t in ts if t.is_floating_point()), ts[0].dtype if ts else torch.float32)
+
+
+def _no_floating_output(spec: OpSpec, samples: list[Sample], check: str) -> CheckResult | None:
+    """The n/a result of ``check`` for an operator whose outputs are none of them floating; None otherwise."""
+    sample = next((s for s in samples if all(t.numel() > 0 for t in tensors(s.args))), None)
+    why = floating_outputs(spec, sample, check) if sample is not None else ""
+    return CheckResult(spec.name, check, "n/a", note=why) if why else None
+
+
 def check_gradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     """The whole Jacobian, element by element, on the sample with the fewest
     input elements; in float64, on every other sample (layouts: transposed,
@@ -93,6 +133,8 @@ def check_gradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckResul
     if dtype is None:
         return res
     samples = gradcheck_samples(spec, device, dtype, seed)
+    if (na := _no_floating_output(spec, samples, "gradcheck")) is not None:
+        return na
     whole = min(range(len(samples)), key=lambda i: sum(t.numel() for t in tensors(samples[i].args)), default=-1)
     for i, sample in enumerate(samples):
         fast = i != whole and dtype == torch.float64
@@ -175,6 +217,8 @@ def check_gradgradcheck(spec: OpSpec, device: torch.device, seed: int) -> CheckR
     samples = gradcheck_samples(spec, device, dtype, seed)
     if not samples:
         return CheckResult(spec.name, "gradgradcheck", "n/a", note="no sample small enough")
+    if (na := _no_floating_output(spec, samples, "gradgradcheck")) is not None:
+        return na
     smallest = min(samples, key=lambda s: sum(t.numel() for t in tensors(s.args)))
     strided = next((s for s in samples if not all(t.is_contiguous() for t in tensors(s.args))), None)
     for sample, fast in ((smallest, False), (strided, True)):
@@ -227,8 +271,10 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
         out = fn(*s.args)
         results = tensors(out) + [s.args[i] for i in mutated]
         grads = []
-        if differentiable and tensors(out):
-            sum(t.sum() for t in tensors(out)).backward()
+        # Gradients flow from floating outputs only (an index, a count or a mask has none).
+        floating = [t for t in tensors(out) if t.requires_grad]
+        if differentiable and floating:
+            sum(t.sum() for t in floating).backward()
             grads = [a.grad for a in s.args if isinstance(a, torch.Tensor) and a.grad is not None]
         settle(device)
         return [r.detach() for r in results], [g.detach() for g in grads]
@@ -236,16 +282,21 @@ def check_compile(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     def eager(*a: Any) -> Any:
         return spec.overload(*a, **kwargs)
 
+    step(spec, "compile", f"{label}: on fake tensors")
+    if missing := missing_fake(spec, sample, "compile"):
+        return CheckResult(spec.name, "compile", "fail", count=1, failures=[missing], tag="no fake kernel")
     step(spec, "compile", label)
     try:
         torch._dynamo.reset()
         compiled = torch.compile(eager, fullgraph=True)
         (want, want_grads), (got, got_grads) = run(eager), run(compiled)
+        if differentiable and not want_grads:
+            res.note = "backward not run: no floating output to differentiate"
         if len(want) + len(want_grads) != len(got) + len(got_grads):
             res.failures.append(f"{label}: compiled returned {len(got) + len(got_grads)} tensors, eager {len(want) + len(want_grads)}")
         for k, (w, g) in enumerate(zip(want, got, strict=False)):
-            if not torch.equal(w, g):
-                res.failures.append(f"{label}: compiled output {k} differs from eager: {compare(g, w, 0, 0)}")
+            if problem := difference(g, w):
+                res.failures.append(f"{label}: compiled output {k} differs from eager: {problem}")
         atol, rtol = spec.tolerance(dtype)
         for k, (w, g) in enumerate(zip(want_grads, got_grads, strict=False)):
             if problem := compare(g, w, atol, rtol):

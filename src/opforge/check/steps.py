@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
 
 from opforge.check.values import ErrorStats
 from opforge.spec import OpSpec, Sample
@@ -79,6 +81,51 @@ def with_grad(spec: OpSpec, sample: Sample) -> Sample:
         for i, a in enumerate(sample.args)
     )
     return Sample(args, sample.kwargs, sample.desc)
+
+
+# --- fake tensors ---
+
+
+def fake_call(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """The call as torch.compile traces it: through the fake kernel, on fake
+    tensors (one per real tensor, so that aliased inputs stay aliased)."""
+    mode = FakeTensorMode()
+    memo: dict[int, Any] = {}
+
+    def fake(x: Any) -> Any:
+        return memo.setdefault(id(x), mode.from_tensor(x)) if isinstance(x, torch.Tensor) else x
+
+    fargs, fkwargs = [fake(a) for a in args], {k: fake(v) for k, v in kwargs.items()}
+    # torch logs every exception a fake kernel raises, with its traceback; here
+    # the exception is the expected answer, so it stays out of the report.
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with mode:
+            spec.overload(*fargs, **fkwargs)
+    finally:
+        log.setLevel(level)
+
+
+def missing_fake(spec: OpSpec, sample: Sample, check: str) -> str:
+    """ "" where the operator runs on fake tensors; else the one line ``check``
+    reports: that no fake kernel is registered, and how to register one.
+    opcheck, torch.compile and torch.export all trace the operator on fake
+    tensors, and each fails without one in words of its own (opcheck: "scroll
+    up for stack trace", with nothing to scroll up to)."""
+    try:
+        fake_call(spec, sample.args, dict(sample.kwargs))
+    except Exception as exc:  # noqa: BLE001 - a fake kernel's own error: the check reports it in its own run
+        # An operator with no fake kernel, and a torch.library.custom_op whose Meta kernel says it has none.
+        if isinstance(exc, UnsupportedOperatorException) or "no fake impl registered" in str(exc):
+            ns, name = spec.qualname.split("::", 1)
+            return (
+                f"{spec.qualname} has no fake kernel, which {check} needs (it traces the operator on fake tensors): "
+                f'register one in Python with torch.library.register_fake("{spec.qualname}") (or the spec\'s fake=), '
+                f'or in C++ with m.impl("{name}", ...) in TORCH_LIBRARY_IMPL({ns}, Meta, m)'
+            )
+    return ""
 
 
 # --- steps ---
