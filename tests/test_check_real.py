@@ -8,7 +8,9 @@ tests/fixtures/crash_ops and tests/fixtures/empty_grid (C++ and CUDA)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from opforge.check.run import (
 from opforge.project import load_spec_file
 from opforge.spec import Sample, get_specs
 
-from .conftest import opforge_process
+from .conftest import SRC, opforge_process
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL = FIXTURES / "real_ops"
@@ -218,6 +220,46 @@ def test_a_kernel_that_never_returns_is_killed_at_the_time_limit(seed):
     ]
     (twice,) = results["crash_ops::twice"]
     assert twice.status == "pass" and twice.count == 14
+
+
+SIDE_BY_SIDE = """
+import sys, torch
+from opforge.check.process import Loads, run_checks
+from opforge.project import load_spec_file
+specs = load_spec_file(sys.argv[1])
+notes = []
+results = run_checks(specs, torch.device("cpu"), int(sys.argv[2]), ["reference", "opcheck"], loads=Loads(targets=[sys.argv[1]]),
+                     on_note=notes.append, workers=2)
+print("order:", list(results) == [s.qualname for s in specs], "notes:", notes)
+for q, rs in results.items():
+    print(q, [(r.check, r.status, r.tag if r.crashed else "") for r in rs])
+"""
+
+
+def test_children_side_by_side_give_each_operator_its_own_verdicts(seed):
+    """Two children, each with every other operator: a crash in one child's operator is that
+    operator's, the other child's go on, and the results come back in the specs' order (in a
+    process of its own: the crash fixture's operators are registered once a process)."""
+    res = subprocess.run([sys.executable, "-c", SIDE_BY_SIDE, str(CRASH / "crash_spec.py"), str(seed)],
+                         env={**os.environ, "PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1"}, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert "order: True notes: []" in lines, res.stdout
+    assert "crash_ops::twice_by_rows [('reference', 'fail', 'SIGFPE'), ('opcheck', 'pass', '')]" in lines, res.stdout
+    assert "crash_ops::twice_or_segfault [('reference', 'fail', 'SIGSEGV'), ('opcheck', 'pass', '')]" in lines, res.stdout
+    assert "crash_ops::twice [('reference', 'pass', ''), ('opcheck', 'pass', '')]" in lines, res.stdout
+
+
+@pytest.mark.parametrize(("value", "message"), [("two", "a whole number of processes, got 'two'"), ("0", "at least 1, got 0")])
+def test_a_bad_worker_count_is_refused_naming_the_variable(monkeypatch, value, message):
+    from opforge.check.process import check_workers
+
+    monkeypatch.setenv("OPFORGE_CHECK_WORKERS", value)
+    with pytest.raises(ValueError, match=f"OPFORGE_CHECK_WORKERS must be {message}"):
+        check_workers(11)
+    monkeypatch.setenv("OPFORGE_CHECK_WORKERS", "8")
+    assert check_workers(3) == 3 and check_workers(11) == 8
 
 
 def test_an_operator_the_checks_process_cannot_load_is_checked_here(seed):

@@ -18,6 +18,7 @@ this process.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pickle
 import select
@@ -25,6 +26,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -152,6 +154,7 @@ class _Child:
             env=env,
             start_new_session=True,  # its own process group: killed whole, compile workers included
         )
+        _LIVE.add(self)
         assert self.proc.stdin is not None
         try:
             pickle.dump(job, self.proc.stdin)
@@ -186,7 +189,32 @@ class _Child:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             self.proc.kill()
-        self.proc.wait()
+        self.wait()
+
+    def wait(self) -> int:
+        returncode = self.proc.wait()
+        _LIVE.discard(self)
+        return returncode
+
+
+# The children running now, in every thread of run_checks.
+_LIVE: set[_Child] = set()
+
+
+def check_workers(n_specs: int) -> int:
+    """How many child processes share the operators: OPFORGE_CHECK_WORKERS, else one per four
+    cores, at most four (each child's torch.compile runs compile workers of its own)."""
+    raw = os.environ.get("OPFORGE_CHECK_WORKERS", "")
+    if raw.strip():
+        try:
+            wanted = int(raw)
+        except ValueError:
+            raise ValueError(f"OPFORGE_CHECK_WORKERS must be a whole number of processes, got {raw!r}") from None
+        if wanted < 1:
+            raise ValueError(f"OPFORGE_CHECK_WORKERS must be at least 1, got {wanted}")
+    else:
+        wanted = min(4, max(1, (os.cpu_count() or 1) // 4))
+    return max(1, min(wanted, n_specs))
 
 
 def run_checks(
@@ -201,12 +229,74 @@ def run_checks(
     time_limit: float = DEFAULT_TIME_LIMIT_S,
     on_op: Callable[[OpSpec, list[CheckResult]], None] | None = None,
     on_note: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> dict[str, list[CheckResult]]:
-    """``check.check_op`` of every spec, in a child process (this module's
-    docstring says how); the results by qualified name, in the specs' order.
-    ``on_op`` is called as each operator's checks end; ``on_note`` with what the
-    report should say besides (a child that could not start: the checks then
-    run in this process)."""
+    """``check.check_op`` of every spec, in child processes (this module's
+    docstring says how): ``workers`` of them (default ``check_workers``), each
+    with every ``workers``-th operator; the results by qualified name, in the
+    specs' order. ``on_op`` is called as each operator's checks end; ``on_note``
+    with what the report should say besides (a child that could not start: the
+    checks then run in this process, after the children are done)."""
+    by_name = {s.qualname: s for s in specs}
+    n = check_workers(len(by_name)) if workers is None else max(1, min(workers, len(by_name)))
+    lock = threading.Lock()
+
+    def locked(fn: Callable[..., None] | None) -> Callable[..., None] | None:
+        if fn is None:
+            return None
+
+        def call(*args: Any) -> None:
+            with lock:
+                fn(*args)
+
+        return call
+
+    names = list(by_name)
+    parts = [[by_name[q] for q in names[k::n]] for k in range(n)]
+    args = (device, seed, checks, seeds, reference_device, loads, time_limit, locked(on_op), locked(on_note))
+    if n == 1:
+        outcomes = [_run_children(parts[0], *args)]
+    else:
+        pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="opforge-check")
+        try:
+            outcomes = list(pool.map(lambda part: _run_children(part, *args), parts))
+        except BaseException:
+            # Interrupted here (Ctrl-C reaches the main thread only): the other threads' children too,
+            # each of which is in a session of its own, out of the terminal's reach.
+            for child in list(_LIVE):
+                child.kill()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    results: dict[str, list[CheckResult]] = {q: [] for q in by_name}
+    here: list[tuple[str, list[str]]] = []
+    for got, left in outcomes:
+        for q, rs in got.items():
+            results[q] += rs
+        here += left
+    # Operators no child had, or left when a child could not start: here, one at a time.
+    for qualname, left in here:
+        for result in check_op(by_name[qualname], device, seed, left, seeds, reference_device):
+            results[qualname].append(result)
+        if on_op is not None:
+            on_op(by_name[qualname], results[qualname])
+    return {q: _ordered(results[q], checks) for q in by_name}
+
+
+def _run_children(
+    specs: Sequence[OpSpec],
+    device: torch.device,
+    seed: int,
+    checks: Sequence[str],
+    seeds: int,
+    reference_device: torch.device | str | None,
+    loads: Loads,
+    time_limit: float,
+    on_op: Callable[[OpSpec, list[CheckResult]], None] | None,
+    on_note: Callable[[str], None] | None,
+) -> tuple[dict[str, list[CheckResult]], list[tuple[str, list[str]]]]:
+    """``specs`` checked in one child process after another (a new one after a crash or a
+    hang); the results, and the (operator, checks) left for this process."""
     by_name = {s.qualname: s for s in specs}
     results: dict[str, list[CheckResult]] = {q: [] for q in by_name}
     pending: list[tuple[str, list[str]]] = [(q, list(checks)) for q in by_name]
@@ -265,7 +355,7 @@ def run_checks(
             raise
         finally:
             os.close(read_fd)
-        returncode = child.proc.wait()
+        returncode = child.wait()
         if not pending:
             break
         if not ready:
@@ -280,12 +370,7 @@ def run_checks(
         elif returncode != _RESTART:
             word, why = _reason(returncode)
             fail_step(step, word, f"{why} in this step; the checks went on in a new process")
-    for qualname, left in here:
-        for result in check_op(by_name[qualname], device, seed, left, seeds, reference_device):
-            results[qualname].append(result)
-        if on_op is not None:
-            on_op(by_name[qualname], results[qualname])
-    return {q: _ordered(results[q], checks) for q in by_name}
+    return results, here
 
 
 def _first(pending: list[tuple[str, list[str]]]) -> tuple[str, str]:
