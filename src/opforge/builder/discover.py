@@ -148,8 +148,9 @@ def walk(root: Path) -> Tree:
     and so are vendored libraries (``third_party/``, ``vendor/``...), whose
     include/ folders are kept for the include path (``vendored_include``).
     Another framework's code (``opforge.builder.foreign``) is left out, its
-    headers' folders too, and listed in ``foreign``.
-    ``root`` itself is never skipped, whatever its name."""
+    headers' folders too, and listed in ``foreign``; so is a program (a source
+    that defines ``main`` and registers nothing, ``defines_main``), listed in
+    ``programs``. ``root`` itself is never skipped, whatever its name."""
     root = Path(root).resolve()
     sources: list[Path] = []
     header_dirs: list[Path] = []
