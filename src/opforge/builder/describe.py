@@ -68,6 +68,10 @@ def describe(layout: Layout, *, route: str, cuda_reason: str | None, cuda_archs:
     if tree.foreign:
         shown = _listed([foreign_name(tree, f) for f in tree.foreign], most=4)
         lines.append(f"  left out, not PyTorch code: {shown}")
+    if tree.programs and route in ("jit", "inline", "setuptools", "pybind", "package"):
+        # Linked into the one library these routes make, each program's main would clash with the next.
+        shown = _listed([tree.rel(p) for p in tree.programs])
+        lines.append(f"  left out, programs (each defines main(), not library code): {shown}")
     if tree.unusable:
         shown = _listed([f"{tree.rel(p)} ({why})" for p, why in tree.unusable])
         lines.append(f"  left out, cannot be used: {shown}")

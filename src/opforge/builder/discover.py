@@ -44,6 +44,12 @@ _SETUP_EXTENSION = re.compile(r"\b(?:CppExtension|CUDAExtension)\b")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # [torch], [torch.<key>] or [kernel.<name>] at the start of a line: a kernel-builder build.toml.
 _KERNEL_BUILDER_SECTION = re.compile(r"^\s*\[\s*(?:torch\s*[].]|kernel\s*\.)", re.M)
+# A program's entry point at file scope: `int main(`, `auto main(` (a test or example program, not library code).
+_MAIN = re.compile(r"^[ \t]*(?:(?:static|extern|inline)\s+)*(?:int|auto|signed)\s+main\s*\(", re.M)
+# CMake's commands are case-insensitive, package names are not (torch ships TorchConfig.cmake).
+_FIND_TORCH = re.compile(r"(?i:\bfind_package)\s*\(\s*Torch\b")
+# A bracket comment #[[...]] / #[==[...]==], then a line comment.
+_CMAKE_COMMENT = re.compile(r"#\[(=*)\[.*?\]\1\]|#[^\n]*", re.S)
 
 
 class DiscoveryError(ValueError):
@@ -84,6 +90,9 @@ class Tree:
     # Sources, headers and folders that cannot be built or read (a dangling symbolic link, a link loop, a
     # name that is not UTF-8), each with why: left out, and said by describe.
     unusable: tuple[tuple[Path, str], ...] = ()
+    # Sources that define main() and register nothing: a test's or an example's program, left out (linked into
+    # one library with the others, each main would clash), and said by describe.
+    programs: tuple[Path, ...] = ()
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -139,8 +148,9 @@ def walk(root: Path) -> Tree:
     and so are vendored libraries (``third_party/``, ``vendor/``...), whose
     include/ folders are kept for the include path (``vendored_include``).
     Another framework's code (``opforge.builder.foreign``) is left out, its
-    headers' folders too, and listed in ``foreign``.
-    ``root`` itself is never skipped, whatever its name."""
+    headers' folders too, and listed in ``foreign``; so is a program (a source
+    that defines ``main`` and registers nothing, ``defines_main``), listed in
+    ``programs``. ``root`` itself is never skipped, whatever its name."""
     root = Path(root).resolve()
     sources: list[Path] = []
     header_dirs: list[Path] = []
@@ -181,6 +191,8 @@ def walk(root: Path) -> Tree:
     foreign = find_foreign(root, sources)
     left_out = {s for f in foreign for s in f.sources}
     folders = [f.path for f in foreign if f.path.is_dir()]
+    programs = [s for s in sources if s not in left_out and defines_main(s)]
+    left_out.update(programs)
 
     def kept(paths: list[Path]) -> tuple[Path, ...]:
         return tuple(sorted((p for p in paths if p not in left_out and not any(p.is_relative_to(f) for f in folders)), key=by_rel))
@@ -194,7 +206,31 @@ def walk(root: Path) -> Tree:
         vendored_include=tuple(sorted(set(vendored_include), key=by_rel)),
         foreign=tuple(foreign),
         unusable=tuple(sorted(unusable, key=lambda u: by_rel(u[0]))),
+        programs=tuple(sorted(programs, key=by_rel)),
     )
+
+
+def defines_main(source: Path) -> bool:
+    """Whether ``source`` is a program rather than library code: it defines ``main``
+    at file scope and declares no binding (a source that registers operators or
+    a module is the library's, whatever else it holds)."""
+    try:
+        if _MAIN.search(strip_comments(source.read_text(errors="replace"))) is None:
+            return False
+        binding = read_binding([source])
+    except OSError:
+        return False
+    return not (binding.torch_library or binding.pybind or binding.pyinit_c)
+
+
+def finds_torch(cmakelists: Path) -> bool:
+    """Whether a CMakeLists.txt calls ``find_package(Torch ...)`` (comments left out):
+    the project's own build is CMake's, against torch."""
+    try:
+        text = cmakelists.read_text(errors="replace")
+    except OSError:
+        return False
+    return _FIND_TORCH.search(_CMAKE_COMMENT.sub(" ", text)) is not None
 
 
 def include_folders(folder: Path) -> list[Path]:
@@ -279,11 +315,14 @@ def discover(path: str | os.PathLike[str]) -> Layout:
 
     A setup.py that makes a CppExtension or CUDAExtension says how its author
     builds the code (names, macros, flags): its extensions are read by running it and
-    built in place (setup.py). Otherwise the sources decide where opforge can
-    build them itself, the build files only where they cannot: a package
-    importing ``_C`` is built in place (package); TORCH_LIBRARY code is loaded
-    into torch.ops (jit); a ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`` module
-    is imported (pybind); then a CMakeLists.txt (cmake); a pybind11 module with
+    built in place (setup.py). A package importing ``_C`` is built in place
+    (package). A root CMakeLists.txt that finds Torch (``find_package(Torch)``)
+    is the project's own build against torch, whatever its sources register:
+    configured and built by cmake (cmake). Otherwise the sources decide where
+    opforge can build them itself, the build files only where they cannot:
+    TORCH_LIBRARY code is loaded into torch.ops (jit); a
+    ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`` module is imported (pybind);
+    then any other CMakeLists.txt (cmake); a pybind11 module with
     its name written out, which only the pybind route's check explains
     (pybind); anything else is tried as TORCH_LIBRARY code (jit), whose load
     says when it registered nothing. Raises DiscoveryError for a path that is
@@ -306,6 +345,8 @@ def discover(path: str | os.PathLike[str]) -> Layout:
         skipped = f" (skipped: {', '.join(skipped_name(tree, s) for s in tree.skipped)})" if tree.skipped else ""
         if tree.foreign:
             skipped += f" (left out, not PyTorch code: {', '.join(foreign_name(tree, f) for f in tree.foreign)})"
+        if tree.programs:
+            skipped += f" (left out, programs that define main(): {', '.join(tree.rel(p) for p in tree.programs)})"
         raise DiscoveryError(
             f"{given}: nothing to build: no C++ (.cpp, .cc, .cxx) or CUDA (.cu) source in it or its subfolders{skipped}, "
             "and no setup.py or CMakeLists.txt"
@@ -331,6 +372,8 @@ def discover(path: str | os.PathLike[str]) -> Layout:
     elif package is not None:
         route = "package"
         why = f"{package.name}/__init__.py imports _C: its library is built in place, as {tree.rel(package.target())}"
+    elif cmakelists is not None and finds_torch(cmakelists):
+        route, why = "cmake", "CMakeLists.txt finds Torch (find_package(Torch)): the project's own build, configured and built by cmake"
     elif binding.torch_library:
         api = "TORCH_LIBRARY" if binding.namespaces or binding.impls else "torch::RegisterOperators"
         route, why = "jit", f"{api} operators: built into the cache, then loaded for torch.ops"
@@ -389,10 +432,12 @@ __all__ = [
     "Package",
     "PybindModule",
     "Tree",
+    "defines_main",
     "discover",
     "extension_suffix",
     "find_build_toml",
     "find_packages",
+    "finds_torch",
     "foreign_name",
     "headers_under",
     "imports_c",

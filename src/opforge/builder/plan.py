@@ -7,9 +7,11 @@ is said to be computed; a CMakeLists.txt is not configured."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opforge.builder.cmake import definitions
 from opforge.builder.config import folder_config
 from opforge.builder.discover import Layout, shown_path
 from opforge.builder.errors import BuildError
@@ -29,8 +31,9 @@ RUNS = {
 _LOADS = "the library's C++ static initializers (TORCH_LIBRARY blocks among them), when it is loaded: in a new process first, then here"
 
 
-def plan_lines(layout: Layout, route: str, *, setup_py: Path | None = None) -> list[str]:
-    """The plan, one line each, from the files as they are; nothing is run or compiled."""
+def plan_lines(layout: Layout, route: str, *, setup_py: Path | None = None, defines: Sequence[str] = ()) -> list[str]:
+    """The plan, one line each, from the files as they are; nothing is run or compiled.
+    ``defines``: the cmake route's cache definitions (``-D``)."""
     root = layout.root
     lines = [f"  plan (--dry-run: nothing is compiled, and no code of {shown_path(root.name)} runs):"]
     if route in ("jit", "inline", "setuptools", "pybind"):
@@ -43,7 +46,8 @@ def plan_lines(layout: Layout, route: str, *, setup_py: Path | None = None) -> l
         lines += setup_py_plan(setup_py, root)
     elif route == "cmake":
         build = f"<cache>/cmake-{shown_path(root.name)}-<hash>"
-        lines.append(f"    cmake -S {shown_path(root)} -B {build}, then cmake --build; each .so it makes is loaded")
+        given = "".join(f" -D{d}" for d in definitions(defines))
+        lines.append(f"    cmake -S {shown_path(root)} -B {build}{given}, then cmake --build; each .so it makes is loaded")
     elif route == "kernel-builder":
         lines.append("    build.toml's backends, one library each, placed in torch-ext/ and build/<variant>/")
     lines.append(f"  a build runs code of this folder: {RUNS.get(route, _LOADS)}")

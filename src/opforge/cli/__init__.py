@@ -26,7 +26,7 @@ from opforge.cli.args import (
     usage_error,
 )
 from opforge.cli.bench import BenchOptions, bench_ops, cmd_bench, cmd_run, run_bench, write_outputs
-from opforge.cli.build import build_folder, build_project, cmd_build, print_library
+from opforge.cli.build import build_folder, build_project, cmake_definition, cmd_build, print_library
 from opforge.cli.cache import cmd_cache_clean, cmd_cache_list
 from opforge.cli.check import check_failures, check_ops, cmd_check, cmd_list, run_check
 from opforge.cli.new import cmd_new
@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true",
                     help="print what was found and the plan (route, extensions, sources, flags, output) and stop: "
                          "nothing is compiled, and no code of the folder runs (a setup.py is parsed, not run)")  # fmt: skip
+    sp.add_argument("-D", dest="defines", action="append", type=cmake_definition, default=[], metavar="NAME=VALUE",
+                    help="a CMake cache definition for the cmake route, as cmake -D takes it (NAME=VALUE or "
+                         "NAME:TYPE=VALUE; repeatable, also -DNAME=VALUE): -D ENABLE_CUDA=OFF. Each set of definitions "
+                         "is a build of its own. An error on another route: a macro of the C++ sources is "
+                         "OPFORGE_CXXFLAGS=-DNAME=VALUE")  # fmt: skip
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("new", help="scaffold an operator package: C++/CUDA kernels, schema, spec, tests, pyproject.toml")
     sp.add_argument("name", help="the operator's name, also the Python package's (an identifier such as my_op)")

@@ -15,7 +15,7 @@ from opforge import load_library as load_library_file
 from opforge.builder.archs import all_archs_asked, cuda_archs
 from opforge.builder.binding import read_binding
 from opforge.builder.child import verify_load
-from opforge.builder.cmake import build_cmake
+from opforge.builder.cmake import build_cmake, parse_definition
 from opforge.builder.config import folder_config, want_cuda
 from opforge.builder.describe import cuda_unavailable, describe
 from opforge.builder.discover import DiscoveryError, discover, walk
@@ -32,21 +32,32 @@ from opforge.cli.targets import library, resolve_targets
 from opforge.project import ProjectError, find_project, project_library
 
 
+def cmake_definition(text: str) -> str:
+    """-D: a CMake cache definition, NAME=VALUE (opforge.builder.cmake.parse_definition)."""
+    try:
+        return parse_definition(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     dry_run = getattr(args, "dry_run", False)
+    defines: list[str] = getattr(args, "defines", None) or []
     if args.path is None:
         if dry_run:
             usage_error("opforge build: --dry-run needs the folder to plan (opforge build PATH --dry-run)")
+        if defines:
+            usage_error(f"opforge build: -D {defines[0]} is a CMake definition: give the folder (opforge build PATH -D NAME=VALUE)")
         return print_library()
     try:
         project = find_project(args.path) if args.path.is_dir() else None
     except ProjectError as exc:
         raise SystemExit(f"opforge build: {exc}") from None
-    if project is not None and dry_run:
-        return build_folder(project.sources, "jit" if args.route == "auto" else args.route, dry_run=True)
+    if project is not None and (dry_run or defines):
+        return build_folder(project.sources, "jit" if args.route == "auto" else args.route, dry_run=dry_run, defines=defines)
     if project is not None:  # a package of opforge new's: its import builds (JIT) and loads it
         return build_project(args.path) if args.route in ("auto", "jit") else build_folder(project.sources, args.route)
-    return build_folder(args.path, args.route, all_archs=args.all_archs, dry_run=dry_run)
+    return build_folder(args.path, args.route, all_archs=args.all_archs, dry_run=dry_run, defines=defines)
 
 
 def build_project(path: Path) -> int:
@@ -67,7 +78,7 @@ def print_library(*, wait_fast: bool = True) -> int:
     return 0
 
 
-def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dry_run: bool = False) -> int:
+def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dry_run: bool = False, defines: Sequence[str] = ()) -> int:
     """A user's folder of sources, in whatever layout (opforge.builder.discover):
     what was found is printed, then it is built by the route it calls for, or
     by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
@@ -78,7 +89,8 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
     ``dry_run``: what was found and the plan (opforge.builder.plan), then
     stop; nothing compiles and no code of the folder runs. Otherwise the
     folder's code runs, as pip would run it (setup.py, an __init__.py, CMake,
-    static initializers)."""
+    static initializers). ``defines``: CMake cache definitions (``-D``), for
+    the cmake route only; on another route a usage error says so."""
     # lazy: import time (opforge.builder.inline, 4 ms): every opforge command loads this module
     from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
 
@@ -87,6 +99,13 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
     except DiscoveryError as exc:
         usage_error(f"opforge build: {exc}")
     route = layout.route if route == "auto" else route
+    if defines and route != "cmake":
+        how = "asked for with --route" if route != layout.route else layout.why
+        cmake = "; --route cmake builds its CMakeLists.txt" if layout.cmakelists is not None else ""
+        usage_error(
+            f"opforge build: {path}: -D {defines[0]} is a CMake cache definition, but this build takes the {route} route "
+            f"({how}), which runs no cmake{cmake}; a macro of the C++ sources is OPFORGE_CXXFLAGS=-D{defines[0]}"
+        )
     if route == "kernel-builder" and not dry_run:
         return _build_kernel_builder(layout.root)
     if route == "package" and layout.package is None:
@@ -106,7 +125,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
         # lazy: import time (opforge.builder.plan, 5 ms): every opforge command loads this module
         from opforge.builder.plan import plan_lines
 
-        for line in plan_lines(layout, route, setup_py=setup_py):
+        for line in plan_lines(layout, route, setup_py=setup_py, defines=defines):
             out.print(line, highlight=False, markup=False)
         return 0
     folder = layout.root
@@ -165,7 +184,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
             names = sorted(n for n in dir(module) if not n.startswith("_"))
             out.print(f"{folder.name}: module {module.__name__} from {module.__file__}: {', '.join(names)}")
         else:
-            return _build_cmake(folder)
+            return _build_cmake(folder, defines)
     except BuildError as exc:
         err.print(str(exc), highlight=False, markup=False)
         return 1
@@ -323,12 +342,12 @@ def _registered_nothing(folder: Path, so: Path) -> int:
     return 1
 
 
-def _build_cmake(folder: Path) -> int:
-    """The CMake route (opforge.builder.cmake), then every shared library it made loaded."""
+def _build_cmake(folder: Path, defines: Sequence[str] = ()) -> int:
+    """The CMake route (opforge.builder.cmake) with the cache definitions ``defines``, then every shared library it made loaded."""
     if not (folder / "CMakeLists.txt").is_file():
         usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     try:
-        libs = build_cmake(folder, say=lambda line: err.print(line, highlight=False))
+        libs = build_cmake(folder, defines=defines, say=lambda line: err.print(line, highlight=False))
     except BuildError as exc:
         err.print(str(exc), highlight=False, markup=False)
         return 1
