@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 from opforge.builder import toolchain
+from opforge.builder.child import run_bounded
 from opforge.builder.config import env_cxxflags
 from opforge.builder.errors import BuildError
 from opforge.builder.store import cache_root
@@ -66,7 +66,7 @@ def build_cmake(folder: Path, *, say: Callable[[str], None] = print) -> list[Pat
     ]
     for cmd in (configure, ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)]):
         say(f"opforge build: {' '.join(cmd[:2])} ...")
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        res = run_bounded(cmd, timeout=None, env=env)
         if res.returncode != 0:
             raise BuildError(res.stdout[-4000:] + res.stderr[-4000:])
     libs = sorted(p for p in build.glob("*.so") if p.is_file())
