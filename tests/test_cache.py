@@ -210,3 +210,18 @@ def test_really_read_only_cache_dir(root):
         assert cache_root(write=False) == root
     finally:
         root.chmod(0o700)
+
+
+@pytest.mark.parametrize("where", ["/", "/usr", "/tmp", "/etc/", "~", "/usr/../"])
+def test_cache_dir_at_a_filesystem_root_or_system_folder_is_refused(where, monkeypatch):
+    from opforge import cli
+    from opforge.builder.store import CacheDirError, cache_root
+
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", where)
+    with pytest.raises(
+        CacheDirError, match=r"OPFORGE_CACHE_DIR=.* is /\S*, a system directory or a filesystem's root: set OPFORGE_CACHE_DIR"
+    ):
+        cache_root()
+    with pytest.raises(SystemExit) as info:
+        cli.main(["cache", "list"])
+    assert "a system directory or a filesystem's root" in str(info.value.code)

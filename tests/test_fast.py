@@ -338,7 +338,8 @@ def test_a_setup_context_that_only_saves_one_tensor_is_recognised():
     def second(ctx, inputs, output):
         ctx.save_for_backward(inputs[1])
 
-    assert _saves_one(output) == "output" and _saves_one(SPECS["sigmoid"].setup_context) == "output"
+    # torch calls setup_context(ctx=, inputs=, output=): a parameter named otherwise raises there, so it is no saves form.
+    assert _saves_one(output) is None and _saves_one(SPECS["sigmoid"].setup_context) == "output"
     assert _saves_one(second) == 1 and _saves_one(SPECS["square"].setup_context) == 0
     for other in (
         lambda ctx, inputs, output: ctx.save_for_backward(inputs[-1]),
@@ -509,3 +510,64 @@ def test_the_public_function_takes_the_schemas_parameters_and_keywords_take_the_
     for names, kwarg_only in ((["x", "_of_fast"], False), (["x", "lambda"], False), (["x"], True)):
         spec = type("S", (), {"schema": Schema(names, kwarg_only), "name": "f"})()
         assert _exact_signature_function(spec, print, lambda: False) is None  # the generic function serves
+
+
+def test_the_attribute_form_is_read_from_the_code_that_runs_not_its_source_file(tmp_path, monkeypatch, seed):
+    """A module's source rewritten after its import (an edit while a notebook runs): its setup_context
+    runs as it was imported, and the gradient is what calling it gives, as torch.ops' autograd calls it."""
+    import importlib
+    import types
+
+    from opforge.fast import Context, fast_op
+    from opforge.public import _sets_attributes
+
+    module = tmp_path / "stale_setup.py"
+    module.write_text("def setup_context(ctx, inputs, output):\n    _, _, ctx.alpha, ctx.beta = inputs\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stale = importlib.import_module("stale_setup")
+    module.write_text("def setup_context(ctx, inputs, output):\n    _, _, ctx.beta, ctx.alpha = inputs\n")
+
+    def backward(ctx, grad):
+        return grad * ctx.alpha, grad * ctx.beta, None, None
+
+    saves = _sets_attributes(stale.setup_context, [True, True, False, False])
+    assert saves == (("alpha", 2), ("beta", 3))
+    fast = fast_op("opforge::axpby")
+    assert fast is not None
+    fast.set_autograd(stale.setup_context, backward, Context, saves)
+    g = generator(torch.device("cpu"), seed)
+    x = torch.randn(3, generator=g, requires_grad=True)
+    y = torch.randn(3, generator=g)
+    fast(x, y, 3.0, 0.5).backward(torch.ones(3))
+    ctx = types.SimpleNamespace()
+    stale.setup_context(ctx=ctx, inputs=(x, y, 3.0, 0.5), output=None)
+    torch.testing.assert_close(x.grad, backward(ctx, torch.ones(3))[0])
+    assert x.grad.tolist() == [3.0, 3.0, 3.0]
+
+
+def _renamed(c, i, o):
+    _, _, c.alpha, c.beta = i
+
+
+def _renamed_saves_output(c, i, o):
+    c.save_for_backward(o)
+
+
+def _keeps_saved_tensors(ctx, inputs, output):
+    _, _, ctx.saved_tensors, ctx.beta = inputs
+
+
+def _keeps_needs_input_grad(ctx, inputs, output):
+    _, _, ctx.alpha, ctx.needs_input_grad = inputs
+
+
+@pytest.mark.parametrize("setup", [_renamed, _renamed_saves_output, _keeps_saved_tensors, _keeps_needs_input_grad])
+def test_a_setup_context_torch_refuses_is_left_to_torch(setup):
+    """torch calls setup_context(ctx=, inputs=, output=) and its ctx refuses saved_tensors and the like:
+    the fast path neither recognises such a setup_context nor records its gradient (torch.ops does, and raises)."""
+    from opforge.public import _fast_can_call, _saves_one, _sets_attributes
+
+    assert _sets_attributes(setup, [True, True, False, False]) is None
+    assert _saves_one(setup) is None
+    assert not _fast_can_call(setup)
+    assert _fast_can_call(_keeps_two) and _fast_can_call(SPECS["axpby"].setup_context)

@@ -503,3 +503,70 @@ def test_complete_library_passes_the_truncation_check():
     from .conftest import LIBRARY
 
     check_complete(LIBRARY.path)
+
+
+def _damaged(data: bytearray) -> dict[str, tuple[int, bytes]]:
+    """Damage to a library's headers that the dynamic loader would map and crash on, or refuse with no
+    reason: (offset, bytes written there) by name, from the copy's own header (ELF64, little-endian)."""
+    import struct
+
+    phoff, shoff = struct.unpack_from("<QQ", data, 32)
+    phnum = struct.unpack_from("<H", data, 56)[0]
+    loads = [i for i in range(phnum) if struct.unpack_from("<I", data, phoff + 56 * i)[0] == 1]
+    dynamic = next(i for i in range(phnum) if struct.unpack_from("<I", data, phoff + 56 * i)[0] == 2)
+    return {
+        "zeros-at-64": (64, bytes(8)),  # the first program header's type and flags
+        "other-machine": (18, struct.pack("<H", 183)),
+        "32-bit-class": (4, b"\x01"),
+        "object-file-type": (16, struct.pack("<H", 1)),
+        "phentsize-zero": (54, struct.pack("<H", 0)),
+        "phoff-past-the-end": (32, struct.pack("<Q", len(data) * 2)),
+        "shstrndx-out-of-range": (62, struct.pack("<H", 0xFFF0)),
+        "filesz-over-memsz": (phoff + 56 * loads[1] + 32, struct.pack("<Q", 1 << 40)),
+        "second-segment-at-0": (phoff + 56 * loads[1] + 16, struct.pack("<Q", 0)),
+        "dynamic-outside": (phoff + 56 * dynamic + 16, struct.pack("<Q", 1 << 44)),
+        "section-moved": (shoff + 64 * 3 + 16, struct.pack("<Q", 1 << 44)),  # an allocated section's address
+    }
+
+
+_DAMAGE = [
+    "zeros-at-64", "other-machine", "32-bit-class", "object-file-type", "phentsize-zero", "phoff-past-the-end",
+    "shstrndx-out-of-range", "filesz-over-memsz", "second-segment-at-0", "dynamic-outside", "section-moved",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", _DAMAGE)
+def test_damaged_library_headers_are_refused_before_loading(tmp_path, damage):
+    copy = _copy_of_the_op_library(tmp_path)
+    data = bytearray(copy.read_bytes())
+    offset, written = _damaged(data)[damage]
+    data[offset : offset + len(written)] = written
+    copy.write_bytes(data)
+    with pytest.raises(BuildError, match=rf"could not load {copy}: {copy} is (damaged|truncated).*rebuild it"):
+        pb.check_mappable(copy)
+
+
+def test_opforge_library_with_zeros_in_its_program_header_is_an_error_not_a_crash(tmp_path):
+    copy = _copy_of_the_op_library(tmp_path)
+    data = bytearray(copy.read_bytes())
+    data[64:72] = bytes(8)
+    copy.write_bytes(data)
+    res = _python("import opforge", env={"OPFORGE_LIBRARY": str(copy)})
+    assert res.returncode == 1, f"rc {res.returncode}: {res.stderr[-2000:]}"
+    assert f"opforge: could not load {copy}: {copy} is damaged (its program headers)" in res.stderr, res.stderr[-2000:]
+
+
+def test_opforge_library_without_opforge_operators_says_so(tmp_path):
+    from .conftest import FAST
+
+    # The fast path's module: a library whose symbols show it registers no operators; libm: one stripped of
+    # its symbol table, told once it has loaded.
+    others = [Path(FAST.__file__), Path("/usr/lib/x86_64-linux-gnu/libm.so.6")]
+    for k, source in enumerate(p for p in others if p.is_file()):
+        copy = tmp_path / f"lib{k}" / "libother.so"
+        copy.parent.mkdir(mode=0o700)
+        shutil.copyfile(source, copy)
+        res = _python("import opforge", env={"OPFORGE_LIBRARY": str(copy)})
+        assert res.returncode == 1, f"rc {res.returncode}: {res.stderr[-2000:]}"
+        assert f"opforge: OPFORGE_LIBRARY={copy} registers no opforge operators" in res.stderr, res.stderr[-2000:]
+        assert "no such operator" not in res.stderr

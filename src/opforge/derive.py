@@ -26,6 +26,7 @@ arguments and asks for ``samples=``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -385,6 +386,21 @@ def has_kernel_for(op: torch._ops.OpOverload, device_type: str) -> bool:
     return any(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), k) for k in keys)
 
 
+# Called with the operator's name before each first call: a process that loads spec files for another
+# (opforge check's) says which operator's call it was in when that call kills it.
+_PROBE_WATCHERS: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def watching_probes(watcher: Callable[[str], None]) -> Iterator[None]:
+    """``watcher(qualified name)`` before each first call ``opforge.spec`` makes of an operator, meanwhile."""
+    _PROBE_WATCHERS.append(watcher)
+    try:
+        yield
+    finally:
+        _PROBE_WATCHERS.remove(watcher)
+
+
 def _probe(spec: OpSpec, op: torch._ops.OpOverload, dtype: torch.dtype, drawn: Sequence[str]) -> None:
     """Calls the operator once with every Tensor argument 3x5, so that one whose
     inputs need shapes of their own (a matmul's) is told here, with its
@@ -397,6 +413,8 @@ def _probe(spec: OpSpec, op: torch._ops.OpOverload, dtype: torch.dtype, drawn: S
     where = torch.device(device)
     shape = dict(LAYOUTS)[_PROBE]
     sample = _call(spec.schema, shape, False, where, dtype, torch.Generator(device=where).manual_seed(0), 0, _PROBE)
+    for watcher in _PROBE_WATCHERS:
+        watcher(op.name())
     try:
         with torch.no_grad():
             op(*sample.args, **sample.kwargs)
@@ -425,4 +443,5 @@ __all__ = [
     "no_bad_inputs",
     "resolve",
     "spec",
+    "watching_probes",
 ]

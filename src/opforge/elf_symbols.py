@@ -9,9 +9,11 @@ library only, does. Both give the same names (symbol versions such as
 
 from __future__ import annotations
 
+import platform
 import shutil
 import struct
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -106,15 +108,22 @@ def _section_headers(f: BinaryIO, path: Path) -> tuple[_Layout, list[tuple[int, 
     return elf, sections
 
 
-_PT_LOAD = 1
+_PT_LOAD, _PT_DYNAMIC = 1, 2
 _SHT_NOBITS = 8
+_SHF_ALLOC, _SHF_TLS = 2, 0x400
+_ET_DYN = 3
+#: e_machine of each machine Python names (platform.machine()).
+_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "ppc64le": 21, "ppc64": 21, "s390x": 22, "riscv64": 243}
 
 
 def check_complete(path: Path) -> None:
-    """Raises ElfError unless every part of ``path`` that the loader maps or
-    reads lies inside the file: a truncated library (a copy cut short, a
-    disk that filled up) would otherwise be mapped, and the process killed by
-    SIGBUS on the first touch of a page past its end."""
+    """Raises ElfError unless ``path`` is a shared library for this machine
+    whose headers agree with each other and whose every part that the loader
+    maps or reads lies inside the file. The dynamic loader trusts the headers:
+    a truncated library (a copy cut short, a disk that filled up) is mapped and
+    the process killed by SIGBUS on the first touch of a page past its end; a
+    damaged program header (a segment's entry zeroed) maps the library in
+    pieces and the process dies with SIGSEGV in its relocations."""
     if not is_elf(path):
         raise ElfError(f"{path} is not an ELF file")
     size = path.stat().st_size
@@ -125,21 +134,104 @@ def check_complete(path: Path) -> None:
         elf = _Layout("<" if ident[5] == 1 else ">", ident[4] == 2)
         header = elf.unpack(f, "HHIQQQIHHHHHH" if elf.wide else "HHIIIIIHHHHHH", 16)
         phoff, shoff, phentsize, phnum, shentsize, shnum = header[4], header[5], header[8], header[9], header[10], header[11]
+        _check_header(path, elf, ident, header)
         ph_fmt = "IIQQQQQQ" if elf.wide else "IIIIIIII"
         reach = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
-        if reach <= size:
-            for i in range(phnum):
-                ph = elf.unpack(f, ph_fmt, phoff + i * phentsize)
-                kind, offset, filesz = ph[0], (ph[2] if elf.wide else ph[1]), (ph[5] if elf.wide else ph[4])
-                if kind == _PT_LOAD:
-                    reach = max(reach, offset + filesz)
+        if reach > size:
+            raise ElfError(f"{path} is truncated: it ends at byte {size:,}, and its headers reach byte {reach:,}")
+        # (offset, vaddr, filesz, memsz, align) of each loadable segment; the dynamic segment's (vaddr, memsz).
+        loads: list[tuple[int, int, int, int, int]] = []
+        dynamic: tuple[int, int] | None = None
+        for i in range(phnum):
+            ph = elf.unpack(f, ph_fmt, phoff + i * phentsize)
+            if elf.wide:
+                kind, offset, vaddr, filesz, memsz, align = ph[0], ph[2], ph[3], ph[5], ph[6], ph[7]
+            else:
+                kind, offset, vaddr, filesz, memsz, align = ph[0], ph[1], ph[2], ph[4], ph[5], ph[7]
+            if kind == _PT_LOAD:
+                loads.append((offset, vaddr, filesz, memsz, align))
+                reach = max(reach, offset + filesz)
+            elif kind == _PT_DYNAMIC:
+                dynamic = (vaddr, memsz)
+        _check_segments(path, loads, dynamic)
         if reach <= size and shoff:
             f.seek(0)
-            for s_type, s_offset, s_size, _, _ in _section_headers(f, path)[1]:
+            sections = _section_headers(f, path)[1]
+            for s_type, s_offset, s_size, _, _ in sections:
                 if s_type != _SHT_NOBITS:
                     reach = max(reach, s_offset + s_size)
+            if reach <= size:
+                _check_sections_mapped(path, f, elf, shoff, shentsize, shnum, loads)
     if reach > size:
         raise ElfError(f"{path} is truncated: it ends at byte {size:,}, and its contents reach byte {reach:,}")
+
+
+def _check_header(path: Path, elf: _Layout, ident: bytes, header: tuple) -> None:
+    """The ELF header's fields that the loader trusts: class, byte order, type, machine and the headers' sizes."""
+    e_type, machine, ehsize, phentsize, phnum, shentsize, shnum, shstrndx = (
+        header[0], header[1], header[7], header[8], header[9], header[10], header[11], header[12],
+    )  # fmt: skip
+    damaged = f"{path} is damaged or not a library for this machine"
+    wide = sys.maxsize > 2**32
+    if elf.wide != wide:
+        raise ElfError(f"{damaged}: it is a {64 if elf.wide else 32}-bit ELF file, this Python is {64 if wide else 32}-bit")
+    if (elf.endian == "<") != (sys.byteorder == "little"):
+        raise ElfError(
+            f"{damaged}: its byte order is {'little' if elf.endian == '<' else 'big'}-endian, this machine's is {sys.byteorder}-endian"
+        )
+    if e_type != _ET_DYN:
+        raise ElfError(f"{damaged}: its ELF type is {e_type}, a shared library's is {_ET_DYN} (ET_DYN)")
+    wanted = _MACHINES.get(platform.machine().lower())
+    if wanted is not None and machine != wanted:
+        raise ElfError(f"{damaged}: it is built for ELF machine {machine}, this {platform.machine()} machine is {wanted}")
+    sizes = (64, 56, 64) if elf.wide else (52, 32, 40)
+    for what, value, want in zip(
+        ("ELF header", "program header entry", "section header entry"), (ehsize, phentsize, shentsize), sizes, strict=True
+    ):
+        if value != want and not (what == "section header entry" and shnum == 0 and value == 0):
+            raise ElfError(f"{damaged}: its {what} size is {value}, an ELF{64 if elf.wide else 32} file's is {want}")
+    if phnum == 0:
+        raise ElfError(f"{damaged}: it has no program headers, so nothing for the loader to map")
+    if shnum and shstrndx >= shnum:
+        raise ElfError(f"{damaged}: its section name table is section {shstrndx} of {shnum}")
+
+
+def _check_segments(path: Path, loads: list[tuple[int, int, int, int, int]], dynamic: tuple[int, int] | None) -> None:
+    """The loadable segments as the loader maps them: in address order, none larger in the file than in memory,
+    each at an offset congruent to its address, the dynamic segment inside one of them."""
+    damaged = f"{path} is damaged (its program headers)"
+    if not loads:
+        raise ElfError(f"{damaged}: no loadable segment")
+    for k, (offset, vaddr, filesz, memsz, align) in enumerate(loads):
+        if filesz > memsz:
+            raise ElfError(f"{damaged}: loadable segment {k} holds {filesz:,} bytes of the file in {memsz:,} bytes of memory")
+        if align > 1 and (align & (align - 1) or (vaddr - offset) % align):
+            raise ElfError(
+                f"{damaged}: loadable segment {k} is at offset {offset:#x} and address {vaddr:#x}, not aligned alike to {align:#x}"
+            )
+        if k and vaddr < loads[k - 1][1] + loads[k - 1][3]:
+            raise ElfError(f"{damaged}: loadable segment {k} (address {vaddr:#x}) overlaps or precedes the one before it")
+    if loads[0][0] != 0:
+        raise ElfError(f"{damaged}: the first loadable segment starts at offset {loads[0][0]:#x}, not at the ELF header")
+    if dynamic is not None and not any(v <= dynamic[0] and dynamic[0] + dynamic[1] <= v + m for _, v, _, m, _ in loads):
+        raise ElfError(f"{damaged}: its dynamic section (address {dynamic[0]:#x}) lies in no loadable segment")
+
+
+def _check_sections_mapped(
+    path: Path, f: BinaryIO, elf: _Layout, shoff: int, shentsize: int, shnum: int, loads: list[tuple[int, int, int, int, int]]
+) -> None:
+    """Every section the library needs in memory (SHF_ALLOC) lies inside a loadable segment, at its address."""
+    sh_fmt = "IIQQQQIIQQ" if elf.wide else "IIIIIIIIII"
+    for i in range(1, shnum):
+        _, s_type, flags, addr, offset, s_size, *_ = elf.unpack(f, sh_fmt, shoff + i * shentsize)
+        # A thread-local .tbss takes no room in its segment: each thread's copy is made apart.
+        if not flags & _SHF_ALLOC or s_size == 0 or (s_type == _SHT_NOBITS and flags & _SHF_TLS):
+            continue
+        inside = any(v <= addr and addr + s_size <= v + m and (s_type == _SHT_NOBITS or offset - o == addr - v) for o, v, _, m, _ in loads)
+        if not inside:
+            raise ElfError(
+                f"{path} is damaged (its program headers): section {i} (address {addr:#x}, {s_size:,} bytes) lies in no loadable segment"
+            )
 
 
 def symbol_table_names(path: Path) -> tuple[str, ...] | None:

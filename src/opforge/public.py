@@ -3,10 +3,9 @@ the eager fast path (opforge.fast) when it applies, else the dispatcher."""
 
 from __future__ import annotations
 
-import ast
+import dis
 import inspect
 import keyword
-import textwrap
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,7 @@ def public_function(spec: OpSpec) -> Callable[..., Any]:
     def bind(module: Any) -> None:
         nonlocal fast
         bound = module.fast_op(spec.qualname)
-        if bound is not None and spec.backward is not None and spec.setup_context is not None:
+        if bound is not None and spec.backward is not None and spec.setup_context is not None and _fast_can_call(spec.setup_context):
             setup = None if _does_nothing(spec.setup_context) else spec.setup_context
             saves = _saves_one(spec.setup_context)
             if saves is None:
@@ -166,6 +165,7 @@ def _same_code(fn: Callable[..., Any], ref: Callable[..., Any], consts: tuple[An
         and code.co_consts == (want.co_consts if consts is None else consts)
         and code.co_names == want.co_names
         and code.co_argcount == want.co_argcount
+        and code.co_varnames[: code.co_argcount] == want.co_varnames[: want.co_argcount]
         and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
         and getattr(fn, "__kwdefaults__", None) is None
     )
@@ -189,40 +189,82 @@ def _saves_one(fn: Callable[..., Any]) -> str | int | None:
     return None
 
 
+# What torch's ctx has already: a setup_context that sets one of them fails there, or acts on the graph.
+_TORCH_CTX = frozenset(dir(torch.autograd.function.BackwardCFunction))
+# Python 3.13's instructions that do two of one kind at once, and 3.12-3.14's variants of LOAD_FAST.
+_PAIRS = {"STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST"), "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
+          "LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST")}  # fmt: skip
+_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW")
+
+
+def _fast_can_call(fn: Callable[..., Any]) -> bool:
+    """Whether the fast path may record ``fn``'s gradient itself: torch calls a
+    setup_context as ``fn(ctx=, inputs=, output=)`` and raises where it cannot
+    be called so; one that sets an attribute torch's ctx has (``saved_tensors``,
+    ``needs_input_grad``) fails there or acts on the graph. Such calls go
+    through torch.ops, which does what torch does."""
+    try:
+        inspect.signature(fn).bind(ctx=None, inputs=None, output=None)
+    except (TypeError, ValueError):
+        return False
+    code = getattr(fn, "__code__", None)
+    return code is None or not any(i.opname == "STORE_ATTR" and i.argval in _TORCH_CTX for i in dis.get_instructions(code))
+
+
+def _instructions(code: Any) -> list[tuple[str, Any]]:
+    """(name, argument) of ``code``'s instructions, Python 3.13's pairs split, loads of a local all LOAD_FAST."""
+    found: list[tuple[str, Any]] = []
+    for i in dis.get_instructions(code):
+        if i.opname in ("RESUME", "NOP", "CACHE", "EXTENDED_ARG"):
+            continue
+        if i.opname in _PAIRS:
+            found += list(zip(_PAIRS[i.opname], i.argval, strict=True))
+        else:
+            found.append(("LOAD_FAST" if i.opname in _LOADS else i.opname, i.argval))
+    return found
+
+
 def _sets_attributes(fn: Callable[..., Any], tensors: Sequence[bool]) -> tuple[tuple[str, int], ...] | None:
     """The (attribute, position) pairs when ``fn``'s whole body is one unpacking of its inputs,
     one target per argument (``tensors``: per argument, whether it is a tensor), each a plain name
     or an attribute of the ctx set to a non-tensor argument (``_, _, ctx.alpha, ctx.beta = inputs``):
     the fast path then keeps those arguments and sets them on the ctx when a backward runs, instead
-    of calling ``fn`` on every call that records a gradient. None for any other setup_context (a
-    tensor kept as an attribute, which would escape the saved tensors' checks, or one whose source
-    cannot be read)."""
+    of calling ``fn`` on every call that records a gradient. Read from the code that runs (its
+    instructions), never from a source file that may differ. None for any other setup_context (a
+    tensor kept as an attribute, which would escape the saved tensors' checks; an attribute torch's
+    ctx has; parameters other than torch's ctx, inputs, output)."""
     code = getattr(fn, "__code__", None)
-    if code is None or code.co_argcount != 3 or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+    if (
+        code is None
+        or code.co_argcount != 3
+        or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        or code.co_varnames[:3] != ("ctx", "inputs", "output")
+        or code.co_freevars
+    ):
         return None
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
+    steps = _instructions(code)
+    if steps[:2] != [("LOAD_FAST", "inputs"), ("UNPACK_SEQUENCE", len(tensors))]:
         return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].decorator_list:
+    if steps[-1:] == [("RETURN_CONST", None)]:
+        body = steps[2:-1]
+    elif steps[-2:] == [("LOAD_CONST", None), ("RETURN_VALUE", None)]:
+        body = steps[2:-2]
+    else:
         return None
-    func = tree.body[0]
-    body = func.body[1:] if ast.get_docstring(func) is not None else func.body
-    ctx, inputs = (a.arg for a in func.args.args[:2])
-    if len(body) != 1 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1:
-        return None
-    target, value = body[0].targets[0], body[0].value
-    if not (isinstance(value, ast.Name) and value.id == inputs and isinstance(target, ast.Tuple) and len(target.elts) == len(tensors)):
-        return None
-    pairs = []
-    for i, element in enumerate(target.elts):
-        if isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name) and element.value.id == ctx:
-            if tensors[i]:
+    pairs: list[tuple[str, int]] = []
+    k = 0
+    for i, is_tensor in enumerate(tensors):
+        if k < len(body) and body[k][0] == "STORE_FAST" and body[k][1] not in ("ctx", "inputs", "output"):
+            k += 1
+        elif body[k : k + 2] == [("LOAD_FAST", "ctx"), ("STORE_ATTR", body[k + 1][1] if k + 1 < len(body) else None)]:
+            attr = body[k + 1][1]
+            if is_tensor or attr in _TORCH_CTX:
                 return None
-            pairs.append((element.attr, i))
-        elif not isinstance(element, ast.Name) or element.id in (ctx, inputs):
+            pairs.append((attr, i))
+            k += 2
+        else:
             return None
-    return tuple(pairs) or None
+    return tuple(pairs) or None if k == len(body) else None
 
 
 def _declined(*args: Any) -> Any:

@@ -17,11 +17,13 @@ lives on; a library that loaded once is marked beside it, and not checked again.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
 import subprocess
 import sys
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,17 +34,54 @@ from opforge.builder.symbols import demangle, referred_in
 LOAD_TIMEOUT_S = 300.0
 
 
-def run_bounded(cmd: Sequence[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+# prctl(PR_SET_PDEATHSIG, SIGKILL): resolved here, not in the forked child, where loading would be unsafe.
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):
+    _prctl = None
+_SIGKILL = int(signal.SIGKILL)
+
+# Every child started by ``popen`` that may still run: ended, group and all, by ``end_children``.
+_STARTED: weakref.WeakSet[subprocess.Popen[Any]] = weakref.WeakSet()
+
+
+def dies_with_parent() -> None:
+    """A ``preexec_fn``: the child is sent SIGKILL when the thread that started it
+    ends (this process killed outright, by SIGKILL or a crash); Linux only."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+
+
+def popen(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(cmd, **kwargs)`` for a child that must not outlive
+    this process: it leads a process group of its own (ended whole by
+    ``kill_group``, and by ``end_children`` when this process is told to stop),
+    and is killed when this process dies (``dies_with_parent``)."""
+    proc = subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=dies_with_parent, **kwargs)
+    _STARTED.add(proc)
+    return proc
+
+
+def end_children() -> None:
+    """Kills every process group that ``popen`` started and that still runs:
+    what a SIGTERM or a Ctrl-C to the command does before it exits."""
+    for proc in list(_STARTED):
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_bounded(cmd: Sequence[str], *, timeout: float | None, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd, capture_output=True, text=True, stdin=DEVNULL, **kwargs)``
-    in a process group of its own; past ``timeout`` the whole group is killed
+    in a process group of its own (``popen``); past ``timeout`` the whole group is killed
     (what the child started included) and ``subprocess.TimeoutExpired`` raised."""
-    with subprocess.Popen(
-        list(cmd),
+    with popen(
+        cmd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,
         **kwargs,
     ) as proc:
         try:
@@ -212,4 +251,14 @@ def _source_of(text: str, path: Path, sources: Sequence[Path], root: Path | None
     return ""
 
 
-__all__ = ["LOAD_TIMEOUT_S", "kill_group", "load_failure", "run_bounded", "verified", "verify_load"]
+__all__ = [
+    "LOAD_TIMEOUT_S",
+    "dies_with_parent",
+    "end_children",
+    "kill_group",
+    "load_failure",
+    "popen",
+    "run_bounded",
+    "verified",
+    "verify_load",
+]

@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from opforge.builder import toolchain
+from opforge.builder.child import run_bounded
 from opforge.builder.config import env_cxxflags
 from opforge.builder.errors import BuildError
 from opforge.builder.parallel import jobs
@@ -125,7 +125,7 @@ def build_cmake(folder: Path, *, defines: Sequence[str] = (), say: Callable[[str
     make = ["cmake", "--build", str(build), "--parallel", str(jobs())]
     for cmd, shown in ((configure, f"cmake -S ...{given}"), (make, "cmake --build ...")):
         say(f"opforge build: {shown}")
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        res = run_bounded(cmd, timeout=None, env=env)
         if res.returncode != 0:
             raise BuildError((res.stdout[-4000:] + res.stderr[-4000:]).rstrip() + _failed(folder, cmd is configure, defines))
     libs = sorted(p for p in build.glob("*.so") if p.is_file())

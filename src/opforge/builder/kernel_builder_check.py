@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from opforge.builder.child import kill_group, popen
+
 if TYPE_CHECKING:
     from opforge.builder.kernel_builder import Result
 
@@ -104,7 +106,7 @@ def check(result: Result, *, timeout: float = 300.0) -> Check:
     # HF_HUB_OFFLINE: the loader resolves the local folder and fetches nothing.
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     procs = {
-        what: subprocess.Popen(
+        what: popen(
             [sys.executable, "-c", _CHECK, json.dumps(spec)],
             cwd=project.root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
@@ -116,7 +118,7 @@ def check(result: Result, *, timeout: float = 300.0) -> Check:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            kill_group(proc)
             proc.communicate()
             errors.append(f"{pkg}: the check ({what}) did not finish within {timeout:.0f} s")
             continue

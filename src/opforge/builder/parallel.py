@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from opforge.builder.child import popen
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig, Library, build_library, cached_path
 
@@ -98,7 +99,7 @@ def _in_worker(cfgs: list[BuildConfig], max_jobs: int, *, quiet: bool) -> list[L
     with tempfile.TemporaryDirectory(prefix="opforge-build-") as tmp:
         result = Path(tmp) / "result.json"
         cmd = [sys.executable, "-c", _WORKER, json.dumps(raw), str(result), "1" if quiet else "0"]
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         tail: list[str] = []
         relay = threading.Thread(target=_relay, args=(proc, tail, quiet), daemon=True)
         relay.start()

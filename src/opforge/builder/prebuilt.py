@@ -28,7 +28,7 @@ from opforge.builder.archs import arch_covered
 from opforge.builder.config import library_config, want_cuda
 from opforge.builder.errors import BuildError, load_reason
 from opforge.builder.jit import BuildConfig, Library, check_safe_to_load, load_library
-from opforge.builder.registrations import refuse_clashes
+from opforge.builder.registrations import refuse_clashes, torch_library_registrations
 from opforge.builder.stable import parse_target
 from opforge.elf_symbols import ElfError, check_complete, demangle
 
@@ -226,11 +226,23 @@ def load_named_library(path: Path) -> Library:
     ``OPFORGE_LIBRARY=<path>`` asks; with CUDA kernels if it registered any."""
     if not path.is_file():
         raise BuildError(f"opforge: OPFORGE_LIBRARY={path} names no file; build it (CMake: build/libopforge_ops.so) or unset it")
+    regs = torch_library_registrations(path)
+    if regs is not None and "opforge" not in regs:
+        raise _no_operators(path, f"it registers {', '.join(f'{ns}::' for ns in sorted(regs)) or 'no operators'}")
     p = load_library_file(path)
     ops = [q for q in torch._C._dispatch_get_all_op_names() if q.startswith("opforge::")]
+    if not ops:
+        raise _no_operators(path, "it loaded, and no opforge:: operator is defined")
     with_cuda = any(torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA") for q in ops)
     key = hashlib.sha256(p.read_bytes()).hexdigest()
     return Library(path=p, key=key, with_cuda=with_cuda, built_now=False, build_seconds=None, route="file")
+
+
+def _no_operators(path: Path, found: str) -> BuildError:
+    return BuildError(
+        f"opforge: OPFORGE_LIBRARY={path} registers no opforge operators ({found}): it names opforge's own op library, "
+        "a build of opforge's sources (CMake: build/libopforge_ops.so); unset it, or load another library with opforge.load_library"
+    )
 
 
 def load_package_library(so: Path, sources: SourcesConfig | None, *, what: str) -> Library:

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from torch.utils.cpp_extension import BuildExtension as _TorchBuildExtension
 from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
 from opforge.builder import toolchain
+from opforge.builder.child import run_bounded
 from opforge.builder.config import folder_config, library_config
 from opforge.builder.errors import BuildError, explain_build_failure
 from opforge.builder.jit import BuildConfig, build_library
@@ -249,7 +249,7 @@ def build_folder(folder: Path, *, quiet: bool = False) -> Path:
         env = {**os.environ, "OPFORGE_NO_AUTOLOAD": "1", "PYTHONPATH": path}
         start = time.perf_counter()
         cmd = [sys.executable, "-c", script, str(folder), str(out), cfg.name]
-        res = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
+        res = run_bounded(cmd, timeout=None, cwd=folder, env=env)
         seconds = time.perf_counter() - start
         if res.returncode != 0 or not sorted(out.glob(f"{cfg.name}.*.so")):
             out.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -43,6 +43,9 @@ def cache_root(*, write: bool = True) -> Path:
         os.environ["OPFORGE_CACHE_DIR"] = env = str(root)
     named = f"OPFORGE_CACHE_DIR={env}" if env else f"the build cache {root}"
     fix = "set OPFORGE_CACHE_DIR to a directory you can write"
+    if env and _system_directory(root):
+        # The cache's entries are made and removed (opforge cache clean) among what is already there.
+        raise CacheDirError(f"{named} is {root.resolve()}, a system directory or a filesystem's root", f"{fix}, such as ~/.cache/opforge")
     try:
         if root.exists() and not root.is_dir():
             raise CacheDirError(f"{named} is a file, not a directory", f"{fix} (or remove the file)")
@@ -54,6 +57,18 @@ def cache_root(*, write: bool = True) -> Path:
         mode = f"{stat.S_IMODE(root.stat().st_mode):04o}"
         raise CacheDirError(f"{named} cannot be {what} by you (mode {mode})", f"chmod 700 {root}, or {fix}")
     return root
+
+
+# Folders of the system that a cache must not be put straight into.
+_SYSTEM = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt", "/proc", "/root",
+           "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib64", "/usr/local",
+           "/usr/local/bin", "/usr/local/lib", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/tmp")  # fmt: skip
+
+
+def _system_directory(root: Path) -> bool:
+    """Whether ``root`` is a filesystem's root, a system folder, or the home folder itself."""
+    resolved = root.resolve()
+    return str(resolved) in _SYSTEM or resolved == Path.home().resolve() or resolved.parent == resolved
 
 
 def _accessible(path: Path, mode: int) -> bool:

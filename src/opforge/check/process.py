@@ -14,6 +14,11 @@ The child loads what this process loaded: opforge's op library if it is
 loaded, and the spec files and package folders given (``Loads``). An operator
 it cannot find there (a spec made in this process only) is checked here, in
 this process.
+
+A spec file runs a user's code as it loads (``opforge.spec`` calls each
+operator once, on 3x5 inputs): ``trial_load`` loads it in a child first, and a
+crash or a hang there is reported (``LoadCrash``, naming the operator whose
+call it was) instead of loading the file into this process.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,9 +41,11 @@ from typing import Any
 import torch
 
 import opforge
+from opforge.builder.child import popen
 from opforge.check.run import check_op
 from opforge.check.steps import CheckResult, device_healthy, watching
 from opforge.check.values import poisoned_allocations
+from opforge.derive import watching_probes
 from opforge.project import resolve_target
 from opforge.spec import OpSpec, get_specs
 
@@ -52,6 +60,7 @@ STARTUP_LIMIT_S = 300.0
 _RESTART = 75
 
 _CHILD = "import sys; sys.path[:0] = sys.argv[1:]; from opforge.check.process import child_main; child_main()"
+_TRIAL = "import sys; sys.path[:0] = sys.argv[3:]; from opforge.check.process import trial_main; trial_main(sys.argv[1], int(sys.argv[2]))"
 
 
 @dataclass
@@ -123,6 +132,21 @@ def child_main() -> None:
     _send(fd, ("done",))
 
 
+def trial_main(target: str, fd: int) -> None:
+    """A trial load's side: loads ``target``, writing each operator's name to the
+    pipe before ``opforge.spec`` first calls it. A load that raises exits 1
+    quietly: the load in opforge check's own process says why."""
+    _send(fd, ("ready",))
+    with watching_probes(lambda name: _send(fd, ("step", name))):
+        try:
+            resolve_target(target)
+        except BaseException:  # noqa: BLE001 - said by the load that follows, in opforge check's process
+            os._exit(1)
+    _send(fd, ("done",))
+    sys.stdout.flush()
+    os._exit(0)
+
+
 # --- this process's side ---
 
 
@@ -139,28 +163,34 @@ def _reason(returncode: int) -> tuple[str, str]:
 
 
 class _Child:
-    """One child process and the frames it writes to its pipe."""
+    """One child process and the frames it writes to its pipe: the checks' child
+    (``job``), or a trial load of spec file ``trial`` writing to ``fd``, its
+    output to ``stderr``."""
 
-    def __init__(self, job: _Job) -> None:
+    def __init__(self, job: _Job | None, *, trial: str = "", fd: int = -1, stderr: Any = None) -> None:
         env = {**os.environ, "OPFORGE_NO_AUTOLOAD": "1"}
-        if not job.loads.wait_fast:
+        if job is None or not job.loads.wait_fast:
             # Without the eager fast path here (not built, or its build still running), as without it
             # there: the child neither starts a build of its own nor checks other autograd kernels.
             env["OPFORGE_FAST"] = "0"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, *sys.path],
-            stdin=subprocess.PIPE,
-            pass_fds=(job.fd,),
+        argv = [sys.executable, "-c", _CHILD, *sys.path] if job is not None else [sys.executable, "-c", _TRIAL, trial, str(fd), *sys.path]
+        # Its own process group (popen): killed whole, compile workers included.
+        self.proc = popen(
+            argv,
+            stdin=subprocess.PIPE if job is not None else subprocess.DEVNULL,
+            stdout=stderr,
+            stderr=stderr,
+            pass_fds=(job.fd if job is not None else fd,),
             env=env,
-            start_new_session=True,  # its own process group: killed whole, compile workers included
         )
         _LIVE.add(self)
-        assert self.proc.stdin is not None
-        try:
-            pickle.dump(job, self.proc.stdin)
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            pass
+        if job is not None:
+            assert self.proc.stdin is not None
+            try:
+                pickle.dump(job, self.proc.stdin)
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
         self.buffer = b""
 
     def next_message(self, fd: int, timeout: float) -> tuple[Any, ...] | str:
@@ -215,6 +245,67 @@ def check_workers(n_specs: int) -> int:
     else:
         wanted = min(4, max(1, (os.cpu_count() or 1) // 4))
     return max(1, min(wanted, n_specs))
+
+
+@dataclass
+class LoadCrash:
+    """A spec file whose load ended or hung its process: where, and why in words."""
+
+    target: str
+    operator: str  # the operator whose first call it was in; "" outside one (the file's own code)
+    word: str  # for the table: SIGSEGV, exit 134, time limit
+    why: str
+
+
+def trial_load(target: str, time_limit: float = DEFAULT_TIME_LIMIT_S) -> LoadCrash | None:
+    """Loads spec file ``target`` in a child process (its own process group)
+    first: None when it loads, or raises (the load in this process then says
+    why); else what killed it or kept it running past ``time_limit`` s (it is
+    then killed), with the operator whose first call it was in."""
+    read_fd, write_fd = os.pipe()
+    with tempfile.TemporaryFile() as output:
+        try:
+            child = _Child(None, trial=target, fd=write_fd, stderr=output)
+        finally:
+            os.close(write_fd)
+        operator = ""
+        ready = timed_out = False
+        try:
+            while True:
+                message = child.next_message(read_fd, time_limit if ready else max(time_limit, STARTUP_LIMIT_S))
+                if message == "timeout":
+                    timed_out = True
+                    child.kill()
+                    break
+                if message == "eof" or message[0] == "done":
+                    break
+                if message[0] == "ready":
+                    ready = True
+                elif message[0] == "step":
+                    operator = message[1]
+        except BaseException:
+            child.kill()  # interrupted: no child outlives this process
+            raise
+        finally:
+            os.close(read_fd)
+        returncode = child.wait()
+        if not ready and not timed_out:
+            return None  # it could not start: the load here goes on as without it
+        if timed_out:
+            word, why = "time limit", f"was still running after {time_limit:g} s (--time-limit): killed"
+        elif returncode in (0, 1):
+            return None
+        else:
+            word, why = _reason(returncode)
+            output.seek(0)
+            said = [ln.strip() for ln in output.read().decode(errors="replace").splitlines() if ln.strip()]
+            if said:
+                why += f" (its last words: {said[-1][:200]})"
+    if operator:
+        why = f"{operator}: its first call (opforge.spec calls the operator once, on 3x5 inputs, as the file loads) {why}"
+    else:
+        why = f"loading it {why}"
+    return LoadCrash(target, operator, word, why)
 
 
 def run_checks(

@@ -7,11 +7,15 @@ The parser is built here; each command group lives in its own module
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from opforge import __version__
+from opforge.builder.child import end_children
 from opforge.cli import abi, doctor, profile
 from opforge.cli.args import (
     Parser,
@@ -206,10 +210,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM, SIGHUP, Ctrl-C: the children (setup.py readers, build workers, the checks' process) end first,
+    each with what it started; then the command unwinds as for Ctrl-C."""
+    end_children()
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     forget_loaded()
-    return args.fn(args)
+    if threading.current_thread() is not threading.main_thread():
+        return args.fn(args)
+    stops = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    # A signal ignored where the command was started (nohup) stays ignored.
+    before = {s: signal.signal(s, _stop) for s in stops if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        return args.fn(args)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,16 @@ def run_check(
     # lazy: import time (opforge.cli.report, 37 ms): every opforge command loads this module
     from opforge.cli.report import check_table, worst_table
 
+    if in_process is None:
+        in_process = os.environ.get("OPFORGE_CHECK_IN_PROCESS") == "1"
+    crashed = [] if in_process else _trial_loads(names, time_limit)
+    if crashed:
+        names = [n for n in names if n not in {c.target for c in crashed}]
+        for c in crashed:
+            out.print(f"[red]x[/] load {escape(c.target)} ({escape(c.word)}): {escape(c.why)}", highlight=False)
+        if not names:  # none left: not every operator, which no names would mean
+            out.print(f"0 passed, {len(crashed)} failed")
+            return False
     names, projects_cuda, own_library = resolve_targets(names)
     device = pick_device(device_name, projects_cuda, own_library=own_library)
     seed = pick_seed(seed)
@@ -147,9 +157,20 @@ def run_check(
             if r.check == "sharding" and r.status != "n/a" and r.note:
                 out.print(f"sharding: {escape(r.op)}: {escape(r.note)}", highlight=False)
     n_pass = sum(r.status == "pass" for rs in results.values() for r in rs)
-    n_fail = sum(r.status == "fail" for rs in results.values() for r in rs)
+    n_fail = sum(r.status == "fail" for rs in results.values() for r in rs) + len(crashed)
     out.print(f"{n_pass} passed, {n_fail} failed")
     return n_fail == 0
+
+
+def _trial_loads(names: Sequence[str], time_limit: float | None) -> list[Any]:
+    """The spec files among ``names`` whose load (the file's code, opforge.spec's first call of each operator)
+    kills or hangs a process of their own (opforge.check.process.trial_load): not loaded into this one."""
+    # lazy: import time (opforge.check, 20 ms): every opforge command loads this module
+    from opforge.check.process import DEFAULT_TIME_LIMIT_S, trial_load
+    from opforge.project import names_a_path
+
+    files = [n for n in names if names_a_path(n) and n.endswith(".py") and os.path.isfile(n)]
+    return [c for n in files if (c := trial_load(n, time_limit or DEFAULT_TIME_LIMIT_S)) is not None]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
