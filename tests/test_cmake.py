@@ -378,7 +378,7 @@ def test_definitions_are_part_of_the_build_folder(tmp_path):
 def _fake_cmake(monkeypatch: pytest.MonkeyPatch, *, returncode: int = 0, stderr: str = "") -> list[list[str]]:
     """cmake's commands recorded (in the list returned) and answered with ``returncode``, not run; the rest runs."""
     ran: list[list[str]] = []
-    real = subprocess.run
+    real = cmake_route.run_bounded
 
     def run(cmd, **kwargs):
         if cmd[0] != "cmake":
@@ -386,7 +386,7 @@ def _fake_cmake(monkeypatch: pytest.MonkeyPatch, *, returncode: int = 0, stderr:
         ran.append(cmd)
         return subprocess.CompletedProcess(cmd, returncode, "", stderr)
 
-    monkeypatch.setattr(cmake_route.subprocess, "run", run)
+    monkeypatch.setattr(cmake_route, "run_bounded", run)
     return ran
 
 
