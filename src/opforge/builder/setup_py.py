@@ -34,6 +34,7 @@ from pathlib import Path
 from opforge.builder.archs import (
     ALL_ARCHS_VAR,
     cuda_archs,
+    cuda_home,
     gencode_archs,
     gencode_flags,
     narrow_gencode,
@@ -54,7 +55,7 @@ READ_TIMEOUT_S = 120.0
 
 # Run in the setup.py's folder as `python -c _READER SETUP_PY OUT_JSON`.
 _READER = r'''
-import json, os, runpy, sys
+import json, os, runpy, sys, traceback
 
 setup_py, out = sys.argv[1], sys.argv[2]
 import setuptools
@@ -121,12 +122,58 @@ def _flags(value):
     return {"cxx": [str(f) for f in value or []]}
 
 
+def _failed(exc):
+    """The setup.py's own failure, with its innermost line in the setup.py: said by
+    opforge as the project's, not as a build error (the traceback goes to stderr too)."""
+    here = os.path.realpath(setup_py)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.realpath(f.filename) == here]
+    if isinstance(exc, SystemExit):
+        error = f"it exits with status {exc.code}" if isinstance(exc.code, int) else f"it exits with: {exc.code}"
+    else:
+        error = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    where = frames[-1] if frames else None
+    record = {"failed": True, "error": error, "exit": isinstance(exc, SystemExit) and isinstance(exc.code, int),
+              "line": where.lineno if where else None, "code": (where.line or "").strip() if where else ""}
+    json.dump(record, open(out, "w"))
+    traceback.print_exception(exc)
+    sys.exit(1)
+
+
+def _inplace(kwargs, extensions):
+    """Where `build_ext --inplace` puts each extension and the package folders it
+    reads, found as setuptools finds them: setup()'s arguments with setup.cfg and
+    pyproject.toml applied (package_dir, [tool.setuptools.package-dir]), and the
+    setup.py's own build_ext (torch's BuildExtension: no_python_abi_suffix)."""
+    from setuptools.dist import Distribution
+
+    names = ("name", "ext_modules", "cmdclass", "package_dir", "packages", "py_modules", "options")
+    dist = (kwargs.get("distclass") or Distribution)({k: kwargs[k] for k in names if k in kwargs})
+    dist.parse_config_files(ignore_option_errors=True)
+    build_ext = dist.get_command_obj("build_ext")
+    build_ext.inplace = 1
+    build_ext.ensure_finalized()
+    build_py = build_ext.get_finalized_command("build_py")
+    targets = {}
+    for ext in extensions:
+        # As setuptools' build_ext copies a library into the source tree.
+        fullname = build_ext.get_ext_fullname(ext.name)
+        filename = build_ext.get_ext_filename(fullname)
+        folder = build_py.get_package_dir(fullname.rpartition(".")[0])
+        targets[ext.name] = os.path.abspath(os.path.join(folder, os.path.basename(filename)))
+    return targets, {str(k): str(v) for k, v in (dist.package_dir or {}).items()}
+
+
 sys.argv = [setup_py, "build_ext", "--inplace"]
 sys.path.insert(0, os.path.dirname(setup_py))
 try:
     runpy.run_path(setup_py, run_name="__main__")
 except _Read:
     pass
+except SystemExit as exc:
+    if exc.code not in (None, 0):
+        _failed(exc)
+except Exception as exc:
+    _failed(exc)
 if "kwargs" not in seen:
     json.dump({"setup_called": False}, open(out, "w"))
     sys.exit(0)
@@ -150,7 +197,15 @@ for ext in kwargs.get("ext_modules") or []:
         "py_limited_api": bool(getattr(ext, "py_limited_api", False)),
     })
 package_dir = {str(k): str(v) for k, v in (kwargs.get("package_dir") or {}).items()}
-json.dump({"setup_called": True, "extensions": found, "package_dir": package_dir, "arch_list": seen["arch_list"]}, open(out, "w"))
+targets, where = {}, ""
+try:
+    targets, package_dir = _inplace(kwargs, kwargs.get("ext_modules") or [])
+except Exception as exc:  # opforge then follows setup()'s package_dir itself, and says so
+    where = traceback.format_exception_only(type(exc), exc)[-1].strip()
+for ext in found:
+    ext["inplace"] = targets.get(ext["name"])
+json.dump({"setup_called": True, "extensions": found, "package_dir": package_dir, "arch_list": seen["arch_list"],
+           "inplace_error": where}, open(out, "w"))
 '''
 
 
@@ -176,6 +231,8 @@ class SetupExtension:
     py_limited_api: bool = False
     # TORCH_CUDA_ARCH_LIST as the setup.py left it ("" unset), which torch's BuildExtension builds for.
     arch_list: str = ""
+    # Where build_ext --inplace puts the library, as setuptools itself said; None where it could not.
+    inplace: Path | None = None
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -214,8 +271,11 @@ class SetupExtension:
 class SetupPy:
     path: Path
     extensions: tuple[SetupExtension, ...]
+    # setup()'s package_dir with setup.cfg's and pyproject.toml's applied, as setuptools applies them
     package_dir: Mapping[str, str]
     seconds: float
+    # Why setuptools could not say where the libraries go ("" when it did): opforge follows package_dir then
+    inplace_error: str = ""
 
 
 def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
@@ -242,6 +302,9 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
                 "or builds something before setup() cannot be read: build with pip, or give the folder a --route"
             ) from None
         seconds = time.perf_counter() - start
+        failure = json.loads(out.read_text()) if out.is_file() else {}
+        if failure.get("failed"):
+            raise DiscoveryError(_own_failure(setup_py, failure, res.stderr))
         if res.returncode != 0 or not out.is_file():
             lines = (res.stderr or res.stdout).strip().splitlines()
             # The reader's own frames (runpy's, "<string>") say nothing about the setup.py.
@@ -256,7 +319,27 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
     if not found["extensions"]:
         raise DiscoveryError(f"{setup_py} calls setup() with no ext_modules: it declares no extension to build")
     extensions = tuple(_extension(e, root, setup_py, found.get("arch_list", "")) for e in found["extensions"])
-    return SetupPy(setup_py, extensions, found["package_dir"], seconds)
+    return SetupPy(setup_py, extensions, found["package_dir"], seconds, found.get("inplace_error", ""))
+
+
+def _own_failure(setup_py: Path, failure: dict, stderr: str) -> str:
+    """One line for a setup.py that failed by itself while read: its line, what
+    failed there (the exception's last line), and whose failure it is."""
+    where = f"{setup_py}:{failure['line']}" if failure.get("line") else str(setup_py)
+    code = f" at `{failure['code']}`" if failure.get("code") else ""
+    error = failure["error"].rstrip(".")
+    if failure.get("exit"):  # sys.exit(N): what it printed before is its reason
+        said = [ln.strip() for ln in stderr.split("Traceback (most recent call last):")[0].splitlines() if ln.strip()]
+        error += f" after printing: {said[-1]}" if said else ""
+    hint = ""
+    if error.startswith("ModuleNotFoundError"):
+        hint = "; it imports a module this Python does not have: install it here and build again"
+    elif "CalledProcessError" in error and "'git'" in error:
+        hint = "; it runs git, which fails outside a git checkout (a source distribution, a copy): build from its checkout"
+    return (
+        f"{where}: the project's setup.py fails by itself{code}: {error} (not a build error: opforge only runs it, "
+        f"with setuptools.setup replaced, to read its extensions; nothing was compiled){hint}"
+    )
 
 
 def _extension(raw: dict, root: Path, setup_py: Path, arch_list: str) -> SetupExtension:
@@ -291,6 +374,7 @@ def _extension(raw: dict, root: Path, setup_py: Path, arch_list: str) -> SetupEx
         dlink=bool(raw["dlink"]),
         py_limited_api=bool(raw.get("py_limited_api")),
         arch_list=arch_list,
+        inplace=Path(raw["inplace"]) if raw.get("inplace") else None,
     )
 
 
@@ -344,16 +428,43 @@ def cuda_targets(ext: SetupExtension, *, all_archs: bool = False) -> tuple[tuple
 _ARCH_FLAGS = ("-gencode", "-arch", "--generate-code", "--gpu-architecture")
 
 
+def cuda_include_flags() -> tuple[str, ...]:
+    """The CUDA toolkit's include folders as torch's ``CUDAExtension`` puts them
+    on every source of the extension (CUDA_HOME's include/, CUDA_INC_PATH,
+    cuDNN's), as ``-isystem`` flags. A torch without CUDA finds no toolkit:
+    then the one ``cuda_home`` finds, so that a C++ source of a CUDA extension
+    still compiles where its CUDA sources are left out; none without one."""
+    # lazy: import time (torch.utils.cpp_extension, 40 ms; only a setup.py build needs it)
+    from torch.utils.cpp_extension import include_paths
+
+    try:
+        torch_own = set(include_paths("cpu"))
+        folders = [d for d in include_paths("cuda") if d not in torch_own]
+    except OSError:  # torch found no CUDA_HOME: a torch without CUDA
+        home = cuda_home()
+        # nvcc on the PATH may be a link or a script into the toolkit from elsewhere (/usr/local/bin).
+        homes = [home, Path(os.path.realpath(home / "bin" / "nvcc")).parent.parent] if home is not None else []
+        found = [h / "include" for h in [*homes, Path("/usr/local/cuda")] if (h / "include" / "cuda_runtime.h").is_file()]
+        folders = [str(found[0])] if found else []
+    return tuple(f for d in folders if Path(d).is_dir() for f in ("-isystem", d))
+
+
 def extension_config(ext: SetupExtension, *, with_cuda: bool, all_archs: bool = False) -> BuildConfig:
     """``ext`` as a build of the JIT engine: its flags after Python's, its
     macros, include and library folders as declared, then ``OPFORGE_CXXFLAGS``;
     CUDA sources only with ``with_cuda``, for the archs ``cuda_targets`` gives.
+    A ``CUDAExtension`` is a CUDA build with ``with_cuda`` even when all its
+    sources are C++ (CUDA's libraries linked, cudart among them, as torch
+    links them), and its C++ sources find the toolkit's headers
+    (``cuda_include_flags``) whether or not CUDA is built here: torch's
+    ``CUDAExtension`` adds them to every source it declares.
     The library is named by the module's last part (``_C``)."""
     if ext.dlink:
         raise BuildError(
             f"opforge: {ext.name} asks for a device link step (dlink=True), which opforge's engine does not run; build with pip"
         )
-    cuda = with_cuda and bool(ext.cuda)
+    cuda_ext = ext.kind == "CUDAExtension"
+    cuda = with_cuda and (bool(ext.cuda) or cuda_ext)
     sources = ext.cpp + (ext.cuda if cuda else ())
     if not sources:
         raise BuildError(f"opforge: {ext.name}: only CUDA sources, and CUDA cannot be built here")
@@ -365,7 +476,8 @@ def extension_config(ext: SetupExtension, *, with_cuda: bool, all_archs: bool = 
         name=ext.name.replace(".", "_"),
         sources=sources,
         include_dirs=ext.include_dirs,
-        cflags=(*_python_optimisation(), *ext.macros(), *ext.cxx_flags, *env_host),
+        # The toolkit's headers in cflags, not include_dirs: the precompiled header is built with them too.
+        cflags=(*_python_optimisation(), *ext.macros(), *ext.cxx_flags, *env_host, *(cuda_include_flags() if cuda_ext else ())),
         cuda_cflags=(*ext.macros(), *nvcc, *env_both) if cuda else (),
         ldflags=tuple(ldflags),
         with_cuda=cuda,
@@ -387,8 +499,13 @@ def package_folder(package: str, root: Path, package_dir: Mapping[str, str]) -> 
 
 
 def inplace_target(ext: SetupExtension, root: Path, package_dir: Mapping[str, str]) -> Path:
-    """Where ``build_ext --inplace`` puts ``ext``'s library: ``pkg/_C<EXT_SUFFIX>``
-    for ``pkg._C``, ``pkg/_C.abi3.so`` for one on Python's limited API."""
+    """Where ``build_ext --inplace`` puts ``ext``'s library: where setuptools
+    said, when it was read (``package_dir`` from setup(), setup.cfg or
+    pyproject.toml, the build_ext's ``no_python_abi_suffix``); else
+    ``pkg/_C<EXT_SUFFIX>`` for ``pkg._C`` below its package folder,
+    ``pkg/_C.abi3.so`` for one on Python's limited API."""
+    if ext.inplace is not None:
+        return ext.inplace
     package, _, module = ext.name.rpartition(".")
     return package_folder(package, root, package_dir) / f"{module}{abi3_suffix() if ext.py_limited_api else extension_suffix()}"
 
@@ -403,6 +520,7 @@ __all__ = [
     "READ_TIMEOUT_S",
     "SetupExtension",
     "SetupPy",
+    "cuda_include_flags",
     "cuda_targets",
     "extension_config",
     "import_root",
