@@ -8,14 +8,16 @@ variable) with ``setuptools.setup`` replaced by a function that records its
 paths and libraries (the engine adds those itself). ``build_ext`` does not
 run, so nothing is compiled by it, but the rest of the setup.py's code does
 (what it writes is written), as under pip: only ``opforge.builder.plan`` reads
-a setup.py without running it. A setup.py that fails, never calls ``setup()``
-or runs past ``READ_TIMEOUT_S`` (the whole process group is ended then) is an
-error that names it.
+a setup.py without running it (the script is ``opforge.builder.setup_py_reader``'s).
+A setup.py that fails by itself (said in one line, at its line, as the
+project's failure), never calls ``setup()`` or runs past ``READ_TIMEOUT_S``
+(the whole process group is ended then) is an error that names it.
 
 ``extension_config`` turns one extension into a build of the JIT engine
 (cache, lock, progress, compiler errors), named as setuptools names it, so
 that ``TORCH_EXTENSION_NAME`` and the module's init are what Python expects;
-``inplace_target`` is where ``build_ext --inplace`` would put its library.
+``inplace_target`` is where ``build_ext --inplace`` would put its library, as
+setuptools itself said when the setup.py was read.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from opforge.builder.archs import (
     ALL_ARCHS_VAR,
     cuda_archs,
+    cuda_home,
     gencode_archs,
     gencode_flags,
     narrow_gencode,
@@ -47,111 +50,11 @@ from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig
 from opforge.builder.package_init import abi3_suffix
+from opforge.builder.setup_py_reader import READER, own_failure
 from opforge.builder.user_pch import with_torch_pch
 
 #: A setup.py mostly declares: a minute covers importing torch on a loaded machine.
 READ_TIMEOUT_S = 120.0
-
-# Run in the setup.py's folder as `python -c _READER SETUP_PY OUT_JSON`.
-_READER = r'''
-import json, os, runpy, sys
-
-setup_py, out = sys.argv[1], sys.argv[2]
-import setuptools
-
-
-class _Read(BaseException):
-    """Raised by the replaced setup(): what follows it in setup.py would act on a build."""
-
-
-def _declared(kind):
-    def make(name, sources, *args, **kwargs):
-        dlink = {k: kwargs.pop(k) for k in ("dlink", "dlink_libraries") if k in kwargs}
-        ext = setuptools.Extension(name, list(sources), *args, **kwargs)
-        ext._opforge_kind, ext._opforge_dlink = kind, bool(dlink.get("dlink"))
-        return ext
-    return make
-
-
-class _Declared:
-    """Replaces torch's two helpers once torch.utils.cpp_extension loads: a
-    setup.py that does not import torch does not wait for it."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "torch.utils.cpp_extension":
-            return None
-        for finder in sys.meta_path:
-            spec = None if finder is self else getattr(finder, "find_spec", lambda *a: None)(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_and_replace(module):
-            exec_module(module)
-            module.CppExtension = _declared("CppExtension")
-            module.CUDAExtension = _declared("CUDAExtension")
-
-        spec.loader.exec_module = exec_and_replace
-        return spec
-
-
-sys.meta_path.insert(0, _Declared())
-seen = {}
-
-
-def setup(*args, **kwargs):
-    seen["kwargs"] = kwargs
-    # As the setup.py left it: some set the archs they build for themselves.
-    seen["arch_list"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-    raise _Read
-
-
-setuptools.setup = setup
-try:
-    import distutils.core
-    distutils.core.setup = setup
-except ImportError:
-    pass
-
-def _flags(value):
-    if isinstance(value, dict):
-        return {str(k): [str(f) for f in v] for k, v in value.items()}
-    return {"cxx": [str(f) for f in value or []]}
-
-
-sys.argv = [setup_py, "build_ext", "--inplace"]
-sys.path.insert(0, os.path.dirname(setup_py))
-try:
-    runpy.run_path(setup_py, run_name="__main__")
-except _Read:
-    pass
-if "kwargs" not in seen:
-    json.dump({"setup_called": False}, open(out, "w"))
-    sys.exit(0)
-kwargs = seen["kwargs"]
-found = []
-for ext in kwargs.get("ext_modules") or []:
-    found.append({
-        "name": ext.name,
-        "kind": getattr(ext, "_opforge_kind", "Extension"),
-        "dlink": getattr(ext, "_opforge_dlink", False),
-        "sources": [str(s) for s in ext.sources],
-        "include_dirs": [str(d) for d in ext.include_dirs or []],
-        "define_macros": [[str(n), None if v is None else str(v)] for n, v in ext.define_macros or []],
-        "undef_macros": [str(m) for m in ext.undef_macros or []],
-        "extra_compile_args": _flags(ext.extra_compile_args),
-        "extra_link_args": [str(f) for f in ext.extra_link_args or []],
-        "libraries": [str(lib) for lib in ext.libraries or []],
-        "library_dirs": [str(d) for d in ext.library_dirs or []],
-        "runtime_library_dirs": [str(d) for d in ext.runtime_library_dirs or []],
-        "extra_objects": [str(o) for o in ext.extra_objects or []],
-        "py_limited_api": bool(getattr(ext, "py_limited_api", False)),
-    })
-package_dir = {str(k): str(v) for k, v in (kwargs.get("package_dir") or {}).items()}
-json.dump({"setup_called": True, "extensions": found, "package_dir": package_dir, "arch_list": seen["arch_list"]}, open(out, "w"))
-'''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +79,8 @@ class SetupExtension:
     py_limited_api: bool = False
     # TORCH_CUDA_ARCH_LIST as the setup.py left it ("" unset), which torch's BuildExtension builds for.
     arch_list: str = ""
+    # Where build_ext --inplace puts the library, as setuptools itself said; None where it could not.
+    inplace: Path | None = None
 
     @property
     def cpp(self) -> tuple[Path, ...]:
@@ -214,8 +119,11 @@ class SetupExtension:
 class SetupPy:
     path: Path
     extensions: tuple[SetupExtension, ...]
+    # setup()'s package_dir with setup.cfg's and pyproject.toml's applied, as setuptools applies them
     package_dir: Mapping[str, str]
     seconds: float
+    # Why setuptools could not say where the libraries go ("" when it did): opforge follows package_dir then
+    inplace_error: str = ""
 
 
 def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
@@ -231,7 +139,7 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
         try:
             # A group of its own, killed whole at the limit: a helper the setup.py started goes too.
             res = run_bounded(
-                [sys.executable, "-c", _READER, str(setup_py), str(out)],
+                [sys.executable, "-c", READER, str(setup_py), str(out)],
                 cwd=root,
                 env={**os.environ, "OPFORGE_NO_AUTOLOAD": "1"},
                 timeout=timeout,
@@ -242,6 +150,9 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
                 "or builds something before setup() cannot be read: build with pip, or give the folder a --route"
             ) from None
         seconds = time.perf_counter() - start
+        failure = json.loads(out.read_text()) if out.is_file() else {}
+        if failure.get("failed"):
+            raise DiscoveryError(own_failure(setup_py, failure, res.stderr))
         if res.returncode != 0 or not out.is_file():
             lines = (res.stderr or res.stdout).strip().splitlines()
             # The reader's own frames (runpy's, "<string>") say nothing about the setup.py.
@@ -256,7 +167,7 @@ def read(setup_py: Path, *, timeout: float = READ_TIMEOUT_S) -> SetupPy:
     if not found["extensions"]:
         raise DiscoveryError(f"{setup_py} calls setup() with no ext_modules: it declares no extension to build")
     extensions = tuple(_extension(e, root, setup_py, found.get("arch_list", "")) for e in found["extensions"])
-    return SetupPy(setup_py, extensions, found["package_dir"], seconds)
+    return SetupPy(setup_py, extensions, found["package_dir"], seconds, found.get("inplace_error", ""))
 
 
 def _extension(raw: dict, root: Path, setup_py: Path, arch_list: str) -> SetupExtension:
@@ -291,6 +202,7 @@ def _extension(raw: dict, root: Path, setup_py: Path, arch_list: str) -> SetupEx
         dlink=bool(raw["dlink"]),
         py_limited_api=bool(raw.get("py_limited_api")),
         arch_list=arch_list,
+        inplace=Path(raw["inplace"]) if raw.get("inplace") else None,
     )
 
 
@@ -344,16 +256,43 @@ def cuda_targets(ext: SetupExtension, *, all_archs: bool = False) -> tuple[tuple
 _ARCH_FLAGS = ("-gencode", "-arch", "--generate-code", "--gpu-architecture")
 
 
+def cuda_include_flags() -> tuple[str, ...]:
+    """The CUDA toolkit's include folders as torch's ``CUDAExtension`` puts them
+    on every source of the extension (CUDA_HOME's include/, CUDA_INC_PATH,
+    cuDNN's), as ``-isystem`` flags. A torch without CUDA finds no toolkit:
+    then the one ``cuda_home`` finds, so that a C++ source of a CUDA extension
+    still compiles where its CUDA sources are left out; none without one."""
+    # lazy: import time (torch.utils.cpp_extension, 40 ms; only a setup.py build needs it)
+    from torch.utils.cpp_extension import include_paths
+
+    try:
+        torch_own = set(include_paths("cpu"))
+        folders = [d for d in include_paths("cuda") if d not in torch_own]
+    except OSError:  # torch found no CUDA_HOME: a torch without CUDA
+        home = cuda_home()
+        # nvcc on the PATH may be a link or a script into the toolkit from elsewhere (/usr/local/bin).
+        homes = [home, Path(os.path.realpath(home / "bin" / "nvcc")).parent.parent] if home is not None else []
+        found = [h / "include" for h in [*homes, Path("/usr/local/cuda")] if (h / "include" / "cuda_runtime.h").is_file()]
+        folders = [str(found[0])] if found else []
+    return tuple(f for d in folders if Path(d).is_dir() for f in ("-isystem", d))
+
+
 def extension_config(ext: SetupExtension, *, with_cuda: bool, all_archs: bool = False) -> BuildConfig:
     """``ext`` as a build of the JIT engine: its flags after Python's, its
     macros, include and library folders as declared, then ``OPFORGE_CXXFLAGS``;
     CUDA sources only with ``with_cuda``, for the archs ``cuda_targets`` gives.
+    A ``CUDAExtension`` is a CUDA build with ``with_cuda`` even when all its
+    sources are C++ (CUDA's libraries linked, cudart among them, as torch
+    links them), and its C++ sources find the toolkit's headers
+    (``cuda_include_flags``) whether or not CUDA is built here: torch's
+    ``CUDAExtension`` adds them to every source it declares.
     The library is named by the module's last part (``_C``)."""
     if ext.dlink:
         raise BuildError(
             f"opforge: {ext.name} asks for a device link step (dlink=True), which opforge's engine does not run; build with pip"
         )
-    cuda = with_cuda and bool(ext.cuda)
+    cuda_ext = ext.kind == "CUDAExtension"
+    cuda = with_cuda and (bool(ext.cuda) or cuda_ext)
     sources = ext.cpp + (ext.cuda if cuda else ())
     if not sources:
         raise BuildError(f"opforge: {ext.name}: only CUDA sources, and CUDA cannot be built here")
@@ -365,7 +304,8 @@ def extension_config(ext: SetupExtension, *, with_cuda: bool, all_archs: bool = 
         name=ext.name.replace(".", "_"),
         sources=sources,
         include_dirs=ext.include_dirs,
-        cflags=(*_python_optimisation(), *ext.macros(), *ext.cxx_flags, *env_host),
+        # The toolkit's headers in cflags, not include_dirs: the precompiled header is built with them too.
+        cflags=(*_python_optimisation(), *ext.macros(), *ext.cxx_flags, *env_host, *(cuda_include_flags() if cuda_ext else ())),
         cuda_cflags=(*ext.macros(), *nvcc, *env_both) if cuda else (),
         ldflags=tuple(ldflags),
         with_cuda=cuda,
@@ -387,8 +327,13 @@ def package_folder(package: str, root: Path, package_dir: Mapping[str, str]) -> 
 
 
 def inplace_target(ext: SetupExtension, root: Path, package_dir: Mapping[str, str]) -> Path:
-    """Where ``build_ext --inplace`` puts ``ext``'s library: ``pkg/_C<EXT_SUFFIX>``
-    for ``pkg._C``, ``pkg/_C.abi3.so`` for one on Python's limited API."""
+    """Where ``build_ext --inplace`` puts ``ext``'s library: where setuptools
+    said, when it was read (``package_dir`` from setup(), setup.cfg or
+    pyproject.toml, the build_ext's ``no_python_abi_suffix``); else
+    ``pkg/_C<EXT_SUFFIX>`` for ``pkg._C`` below its package folder,
+    ``pkg/_C.abi3.so`` for one on Python's limited API."""
+    if ext.inplace is not None:
+        return ext.inplace
     package, _, module = ext.name.rpartition(".")
     return package_folder(package, root, package_dir) / f"{module}{abi3_suffix() if ext.py_limited_api else extension_suffix()}"
 
@@ -403,6 +348,7 @@ __all__ = [
     "READ_TIMEOUT_S",
     "SetupExtension",
     "SetupPy",
+    "cuda_include_flags",
     "cuda_targets",
     "extension_config",
     "import_root",

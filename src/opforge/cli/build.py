@@ -288,7 +288,10 @@ def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> 
     for ext in found.extensions:
         for line in ext.summary(root):
             out.print(line, highlight=False, markup=False)
-        out.print(f"    goes to: {rel(inplace_target(ext, root, found.package_dir))}", highlight=False, markup=False)
+        guessed = (
+            f" (from package_dir: setuptools could not say, {found.inplace_error})" if ext.inplace is None and found.inplace_error else ""
+        )
+        out.print(f"    goes to: {rel(inplace_target(ext, root, found.package_dir))}{guessed}", highlight=False, markup=False)
         if ext.cuda and not cuda:
             out.print(f"    left out: {', '.join(rel(s) for s in ext.cuda)} ({cuda_unavailable()})", highlight=False, markup=False)
         elif ext.cuda and (note := cuda_targets(ext, all_archs=all_archs)[2]):
