@@ -353,7 +353,7 @@ def run_checks(
             outcomes = list(pool.map(lambda part: _run_children(part, *args), parts))
         except BaseException:
             # Interrupted here (Ctrl-C reaches the main thread only): the other threads' children too,
-            # each of which is in a session of its own, out of the terminal's reach.
+            # each of which leads a process group of its own, out of the terminal's reach.
             for child in list(_LIVE):
                 child.kill()
             raise
