@@ -21,6 +21,7 @@ import opforge
 import opforge.export
 from opforge.check.export import check_export
 from opforge.check.run import CHECK_FUNCTIONS, CHECKS
+from opforge.check.values import tensors
 from opforge.spec import all_specs
 
 from .conftest import DEVICES
@@ -87,6 +88,27 @@ def test_a_fake_kernel_that_disagrees_with_the_kernel_fails_the_export_check(lie
     expected = {"dtype": "dtype torch.float64 traced, torch.float32 computed", "rank": "3 dimensions traced, 2 computed",
                 "size": "size 1 traced in dimension 1"}[lie]  # fmt: skip
     assert any("differs from the kernel's: " + expected in f for f in result.failures), result.failures
+    del lib
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "kernel", "dynamic"),
+    [
+        ("stacked", "(Tensor[] xs) -> Tensor", lambda xs: torch.stack(xs).sum(0), "dynamic: inputs_0_0[0], inputs_0_1[0]"),
+        ("scaled_stack", "(Tensor x, Tensor[] ys, float a) -> Tensor", lambda x, ys, a: x + a * torch.stack(ys).sum(0),
+         "dynamic: inputs_0[0], inputs_1_0[0], inputs_1_1[0]"),
+    ],
+)  # fmt: skip
+def test_an_operator_with_a_tensor_list_argument_passes_the_export_check_each_tensor_dynamic(name, schema, kernel, dynamic, seed):
+    lib = torch.library.Library("opforge_test_export", "FRAGMENT")
+    lib.define(f"{name}_{seed}{schema}")
+    lib.impl(f"{name}_{seed}", kernel, "CPU")
+    torch.library.register_fake(f"opforge_test_export::{name}_{seed}", lambda *args: torch.empty_like(tensors(args)[0]), lib=lib)
+    spec = opforge.spec(getattr(torch.ops.opforge_test_export, f"{name}_{seed}").default, reference=kernel, dtypes=(torch.float32,))
+    result = check_export(spec, CPU, seed)
+    assert result.status == "pass", result.failures
+    # Each tensor of the list is an input of the program, its batch left dynamic like any other.
+    assert result.note == dynamic, result.note
     del lib
 
 
