@@ -12,6 +12,12 @@ model, in any process; a C++ program does the same with ``dlopen`` and
 ``torch::inductor::AOTIModelPackageLoader`` (the files are ordinary members of
 the archive: ``<name>/opforge/<file>.so``, listed in ``<name>/opforge/manifest.json``).
 
+A package runs code, as a wheel does, so ``load`` checks it before it loads anything of it: no
+member or library may land outside the extraction folder, every library must match the sha256 its
+manifest records and be whole, and operators this process already has must come from the packaged
+build; anything else is a ``PackageError``. The checks stop damage and tampering in transit, not a
+malicious author (who writes the manifest too).
+
 torch.export and Inductor are imported when these functions run, not with opforge.
 """
 
