@@ -80,13 +80,19 @@ def custom_ops(gm: torch.fx.GraphModule) -> list[torch._ops.OpOverload]:
     return list(found)
 
 
+def _known_libraries() -> set[str]:
+    """The op libraries loaded by ``torch.ops.load_library`` and opforge's own."""
+    loaded = {str(p) for p in torch.ops.loaded_libraries}
+    if opforge.library is not None:
+        loaded.add(str(opforge.library.path))
+    return loaded
+
+
 def op_libraries(ops: Sequence[torch._ops.OpOverload]) -> list[Path]:
     """The loaded op libraries that register the namespaces of ``ops`` (read from each
     library's symbol table, as opforge's clash check reads it). A RuntimeError names an
     operator whose namespace no loaded library registers (a Python ``torch.library`` operator)."""
-    loaded = {str(p) for p in torch.ops.loaded_libraries}
-    if opforge.library is not None:
-        loaded.add(str(opforge.library.path))
+    loaded = _known_libraries()
     registered = {p: torch_library_registrations(Path(p)) or {} for p in sorted(loaded)}
     found: list[Path] = []
     for op in ops:
@@ -375,9 +381,7 @@ def _mapped_libraries() -> set[str]:
 
 def _holders(ns: str) -> list[Path]:
     """The loaded libraries that define operators of ``ns``: those opforge and torch.ops loaded, or else any mapped."""
-    known = {str(p) for p in torch.ops.loaded_libraries}
-    if opforge.library is not None:
-        known.add(str(opforge.library.path))
+    known = _known_libraries()
     for candidates in (known, _mapped_libraries() - known):
         found = [Path(p) for p in sorted(candidates) if (torch_library_registrations(Path(p)) or {}).get(ns, set()) & {"def", "fragment"}]
         if found:
@@ -402,7 +406,8 @@ def _same_build_loaded(path: Any, lib: Path, sha256: str, spaces: Sequence[str])
             )
         raise PackageError(
             f"{path}: refusing to run it with other operators of namespace {ns!r}: this process defines them already, "
-            f"not from a library file that can be compared with the packaged {lib} (sha256 {sha256}; defined from Python?). "
+            f"not from a library file that can be compared with the packaged {lib} (sha256 {sha256}): defined from "
+            "Python, or by a library stripped of its symbol table. "
             "Load the package in a process that has not defined them"
         )
 
