@@ -5,7 +5,9 @@ a fresh Python process and a C++ program that run them."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -21,6 +23,7 @@ import opforge
 import opforge.export
 from opforge.check.export import check_export
 from opforge.check.run import CHECK_FUNCTIONS, CHECKS
+from opforge.check.values import tensors
 from opforge.spec import all_specs
 
 from .conftest import DEVICES
@@ -87,6 +90,27 @@ def test_a_fake_kernel_that_disagrees_with_the_kernel_fails_the_export_check(lie
     expected = {"dtype": "dtype torch.float64 traced, torch.float32 computed", "rank": "3 dimensions traced, 2 computed",
                 "size": "size 1 traced in dimension 1"}[lie]  # fmt: skip
     assert any("differs from the kernel's: " + expected in f for f in result.failures), result.failures
+    del lib
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "kernel", "dynamic"),
+    [
+        ("stacked", "(Tensor[] xs) -> Tensor", lambda xs: torch.stack(xs).sum(0), "dynamic: inputs_0_0[0], inputs_0_1[0]"),
+        ("scaled_stack", "(Tensor x, Tensor[] ys, float a) -> Tensor", lambda x, ys, a: x + a * torch.stack(ys).sum(0),
+         "dynamic: inputs_0[0], inputs_1_0[0], inputs_1_1[0]"),
+    ],
+)  # fmt: skip
+def test_an_operator_with_a_tensor_list_argument_passes_the_export_check_each_tensor_dynamic(name, schema, kernel, dynamic, seed):
+    lib = torch.library.Library("opforge_test_export", "FRAGMENT")
+    lib.define(f"{name}_{seed}{schema}")
+    lib.impl(f"{name}_{seed}", kernel, "CPU")
+    torch.library.register_fake(f"opforge_test_export::{name}_{seed}", lambda *args: torch.empty_like(tensors(args)[0]), lib=lib)
+    spec = opforge.spec(getattr(torch.ops.opforge_test_export, f"{name}_{seed}").default, reference=kernel, dtypes=(torch.float32,))
+    result = check_export(spec, CPU, seed)
+    assert result.status == "pass", result.failures
+    # Each tensor of the list is an input of the program, its batch left dynamic like any other.
+    assert result.note == dynamic, result.note
     del lib
 
 
@@ -579,3 +603,337 @@ def test_the_operators_page_lists_every_library_operators_shims():
     }
     assert refused == {}
     assert rows == {s.op._schema.name.split("::")[1]: ", ".join(f"`{n}`" for n in s.names) for s in shims}
+
+
+# --- what load verifies before it loads anything: hostile and damaged packages ---
+
+PackageError = opforge.export.PackageError
+HOSTILE = pytest.mark.xdist_group("hostile-package")  # one worker builds the package they are all made from
+
+
+@pytest.fixture(scope="module")
+def small_package(tmp_path_factory) -> Path:
+    """opforge's square packaged on the CPU (opforge's op library and a shim library): what each hostile package is made from."""
+    path = tmp_path_factory.mktemp("small-package") / "square.pt2"
+    opforge.export.package(opforge.nn.Square(), (torch.randn(9, 4),), path)
+    return path
+
+
+Members = dict[str, tuple[bytes, int]]  # member name -> (bytes, file mode)
+
+
+def _members(path: Path) -> tuple[str, Members]:
+    with zipfile.ZipFile(path) as z:
+        members = {i.filename: (z.read(i), i.external_attr >> 16) for i in z.infolist()}
+    (fmt,) = [n for n in members if n.endswith("/archive_format")]
+    return fmt.rsplit("/", 1)[0], members
+
+
+def _library(members: Members, root: str, role: str) -> str:
+    """The member name of the package's library of ``role``."""
+    info = json.loads(members[f"{root}/{opforge.export.MANIFEST}"][0])
+    (file,) = [e["file"] for e in info["libraries"] if e["role"] == role]
+    return f"{root}/opforge/{file}"
+
+
+def hostile(base: Path, dst: Path, change, manifest_edit=None) -> Path:
+    """A copy of the package ``base`` with its members changed by ``change(members, root)`` and its
+    manifest's JSON by ``manifest_edit(info, root)``, written as a zip archive, each member with its mode."""
+    root, members = _members(base)
+    if change is not None:
+        change(members, root)
+    name = f"{root}/{opforge.export.MANIFEST}"
+    if manifest_edit is not None:
+        info = json.loads(members[name][0])
+        manifest_edit(info, root)
+        members[name] = (json.dumps(info).encode(), 0o600)
+    with zipfile.ZipFile(dst, "w") as z:
+        for member, (data, mode) in members.items():
+            info = zipfile.ZipInfo(member)
+            info.external_attr = mode << 16
+            z.writestr(info, data)
+    return dst
+
+
+def _entry(info: dict, role: str) -> dict:
+    (e,) = [e for e in info["libraries"] if e["role"] == role]
+    return e
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _escape(members: Members, root: str, file: str) -> None:
+    """The op library also stored under ``opforge/<file>``, ``file`` a path that leaves the folder."""
+    members[f"{root}/opforge/{file}"] = members[_library(members, root, "ops")]
+
+
+def _point_at(file: str):
+    def edit(info: dict, root: str) -> None:
+        _entry(info, "ops")["file"] = file
+
+    return edit
+
+
+def _symlink(members: Members, root: str) -> None:
+    members[_library(members, root, "ops")] = (b"/usr/lib/x86_64-linux-gnu/libc.so.6", 0o120777)
+
+
+# (how the package escapes, change, manifest edit, the offending entry the error names); "ESC" is
+# replaced by the file outside the extraction folder that the package aims at.
+ESCAPES = {
+    "a manifest file and its member climbing with ..": (lambda m, r: _escape(m, r, "../../ESC"), _point_at("../../ESC"), "/../../ESC'"),
+    "a manifest file climbing with .., no member": (None, _point_at("../../ESC"), "'../../ESC'"),
+    "an absolute manifest file and its member": (lambda m, r: _escape(m, r, "ABS"), _point_at("ABS"), "names the library 'ABS'"),
+    "an archive member climbing with ..": (lambda m, r: m.__setitem__("../../ESC", (b"x", 0o100644)), None, "'../../ESC'"),
+    "an absolute archive member": (lambda m, r: m.__setitem__("ABS", (b"x", 0o100644)), None, "'ABS'"),
+    "a library that is a symbolic link": (_symlink, None, "is a symbolic link"),
+}
+
+
+@HOSTILE
+@pytest.mark.parametrize("case", list(ESCAPES))
+def test_a_package_that_would_write_outside_its_folder_is_refused_and_nothing_is_written(small_package, tmp_path, case):
+    change, edit, named = ESCAPES[case]
+    outside = tmp_path / "a" / "escaped.so"  # where ../../ leads from the extraction folder
+    absolute = tmp_path / "absolute_escape.so"
+
+    def subst(text: str) -> str:
+        return text.replace("ABS", str(absolute)).replace("ESC", "escaped.so")
+
+    def change_here(members: Members, root: str) -> None:
+        before = set(members)
+        change(members, root)
+        for name in set(members) - before:
+            members[subst(name)] = members.pop(name)
+
+    def edit_here(info: dict, root: str) -> None:
+        edit(info, root)
+        e = _entry(info, "ops")
+        e["file"] = subst(e["file"])
+
+    path = hostile(small_package, tmp_path / "evil.pt2", change and change_here, edit and edit_here)
+    directory = tmp_path / "a" / "b" / "libs"
+    for call in (lambda: opforge.export.load(path, directory=directory), lambda: opforge.export.extract_libraries(path, directory)):
+        with pytest.raises(PackageError, match=re.escape(str(path)) + ".*" + re.escape(subst(named))):
+            call()
+    assert not outside.exists() and not absolute.exists()
+    assert not (tmp_path / "a").exists()  # nothing written at all, not even the extraction folder
+
+
+def _damaged(members: Members, root: str) -> None:
+    name = _library(members, root, "ops")
+    data, mode = members[name]
+    middle = len(data) // 2
+    members[name] = (data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 64]) + data[middle + 64 :], mode)
+
+
+def _wrong_sha(info: dict, root: str) -> None:
+    _entry(info, "shims")["sha256"] = "0123456789abcdef" * 4
+
+
+@HOSTILE
+@pytest.mark.parametrize("case", ["a damaged library", "a wrong sha256 in the manifest"])
+def test_a_library_that_differs_from_its_manifests_sha256_is_refused_naming_both_hashes(small_package, tmp_path, case):
+    change, edit, role = {"a damaged library": (_damaged, None, "ops"), "a wrong sha256 in the manifest": (None, _wrong_sha, "shims")}[case]
+    path = hostile(small_package, tmp_path / "damaged.pt2", change, edit)
+    root, members = _members(path)
+    name = _library(members, root, role)
+    recorded = _entry(json.loads(members[f"{root}/{opforge.export.MANIFEST}"][0]), role)["sha256"]
+    directory = tmp_path / "libs"
+    with pytest.raises(PackageError) as err:
+        opforge.export.load(path, directory=directory)
+    message = str(err.value)
+    assert message.startswith(f"{path}: refusing the library {name.rsplit('/', 1)[1]}: "), message
+    assert f"its sha256 is {_sha(members[name][0])}, the package's manifest says {recorded}" in message
+    assert not (directory / name.rsplit("/", 1)[1]).exists()
+
+
+# Loads each package given in a process without opforge's library: a library that kills the process
+# when loaded must be refused before it is.
+LOAD_EACH = """
+import sys
+import opforge.export as ox
+for path in sys.argv[1:]:
+    try:
+        ox.load(path, directory=path + ".libs")
+        print("loaded:", path)
+    except ox.PackageError as exc:
+        print("refused:", exc)
+"""
+
+
+@HOSTILE
+def test_a_library_cut_to_a_third_is_refused_in_a_fresh_process_with_or_without_its_sha256(small_package, tmp_path):
+    root, members = _members(small_package)
+    name = _library(members, root, "shims")
+    data, mode = members[name]
+
+    def cut(members: Members, root: str) -> None:
+        members[name] = (data[: len(data) // 3], mode)
+
+    def recorded(info: dict, root: str) -> None:
+        _entry(info, "shims")["sha256"] = _sha(data[: len(data) // 3])
+
+    cut_only = hostile(small_package, tmp_path / "cut.pt2", cut)
+    cut_and_hashed = hostile(small_package, tmp_path / "cut-hashed.pt2", cut, recorded)
+    res = fresh_python("-c", LOAD_EACH, str(cut_only), str(cut_and_hashed))
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("refused: ") for line in lines), res.stdout
+    shims = "refusing the library opforge_aoti_shims_"
+    assert lines[0].startswith(f"refused: {cut_only}: {shims}") and ", the package's manifest says " in lines[0], lines[0]
+    assert lines[1].startswith(f"refused: {cut_and_hashed}: {shims}") and " is truncated: " in lines[1], lines[1]
+
+
+@HOSTILE
+def test_the_same_build_of_its_operators_already_loaded_is_used_silently(small_package, tmp_path):
+    model = opforge.export.load(small_package, directory=tmp_path / "libs")
+    x = torch.randn(9, 4)
+    assert torch.equal(model(x), x * x)
+
+
+@HOSTILE
+def test_another_build_of_its_operators_already_loaded_is_refused_naming_both_files(small_package, tmp_path):
+    root, members = _members(small_package)
+    name = _library(members, root, "ops")
+    data, mode = members[name]
+    other = data + b"\0" * 64  # another build: a library that loads, other bytes
+
+    def rebuilt(members: Members, root: str) -> None:
+        members[name] = (other, mode)
+
+    def rehashed(info: dict, root: str) -> None:
+        _entry(info, "ops")["sha256"] = _sha(other)
+
+    path = hostile(small_package, tmp_path / "other-build.pt2", rebuilt, rehashed)
+    loaded = Path(opforge.library.path)
+    packaged = tmp_path / "libs" / name.rsplit("/", 1)[1]
+    with pytest.raises(PackageError) as err:
+        opforge.export.load(path, directory=tmp_path / "libs")
+    message = str(err.value)
+    assert message.startswith(f"{path}: refusing to run it with another build of its operators: "), message
+    assert f"namespace 'opforge' from {loaded} (sha256 {_sha(loaded.read_bytes())})" in message
+    assert f"the package carries {packaged} (sha256 {_sha(packaged.read_bytes())})" in message
+
+
+@HOSTILE
+def test_a_namespace_defined_from_python_is_refused_as_it_cannot_be_compared(small_package, tmp_path):
+    ns = f"opforge_test_pyns_{os.getpid()}"
+    lib = torch.library.Library(ns, "DEF")
+    lib.define("square(Tensor x) -> Tensor")
+
+    def elsewhere(info: dict, root: str) -> None:
+        _entry(info, "ops")["namespaces"] = [ns]
+
+    path = hostile(small_package, tmp_path / "python-ns.pt2", None, elsewhere)
+    with pytest.raises(PackageError, match=re.escape(f"{path}: refusing to run it with other operators of namespace {ns!r}: ")):
+        opforge.export.load(path, directory=tmp_path / "libs")
+    del lib
+
+
+def _raw(data: bytes):
+    def change(members: Members, root: str) -> None:
+        members[f"{root}/{opforge.export.MANIFEST}"] = (data, 0o600)
+
+    return change
+
+
+def _set(key: str, value):
+    def edit(info: dict, root: str) -> None:
+        info[key] = value
+
+    return edit
+
+
+def _set_entry(key: str, value, role: str = "ops"):
+    def edit(info: dict, root: str) -> None:
+        if value is None:
+            del _entry(info, role)[key]
+        else:
+            _entry(info, role)[key] = value
+
+    return edit
+
+
+def _without(role: str):
+    def change(members: Members, root: str) -> None:
+        del members[_library(members, root, role)]
+
+    return change
+
+
+def _no_manifest(members: Members, root: str) -> None:
+    del members[f"{root}/{opforge.export.MANIFEST}"]
+
+
+def _first_library_twice(info: dict, root: str) -> None:
+    info["libraries"].append(dict(info["libraries"][0]))
+
+
+# (change, manifest edit, what the error says after "<package>: ")
+MALFORMED = {
+    "not JSON": (_raw(b'{"libraries": ['), None, "its manifest {m} is not JSON: "),
+    "not UTF-8": (_raw(b'{"libraries": [], "ops": ["\xff"]}'), None, "its manifest {m} is not UTF-8 text (byte 27: b'\\xff')"),
+    "a list": (_raw(b"[]"), None, "its manifest {m} is a JSON list, not an object"),
+    "no libraries": (None, lambda info, root: info.pop("libraries"), "its manifest {m} has no 'libraries' list"),
+    "libraries a string": (None, _set("libraries", "x.so"), "its manifest {m} has 'libraries' = 'x.so', not a list"),
+    "no ops": (None, lambda info, root: info.pop("ops"), "its manifest {m} has no 'ops' list"),
+    "an operator a number": (None, _set("ops", [7]), "its manifest {m} lists the operator 7, not one as namespace.name.overload"),
+    "a library a string": (None, _set("libraries", ["x.so"]), "its manifest {m} has libraries[0] = 'x.so', not an object"),
+    "no sha256": (None, _set_entry("sha256", None), "its manifest {m} has no libraries[0]['sha256'] string"),
+    "file a number": (None, _set_entry("file", 3), "its manifest {m} has libraries[0]['file'] = 3, not a string"),
+    "an unknown role": (None, _set_entry("role", "plugin"), "its manifest {m} has libraries[0]['role'] = 'plugin', not 'ops' or 'shims'"),
+    "a sha256 not hex": (None, _set_entry("sha256", "abc"), "its manifest {m} has libraries[0]['sha256'] = 'abc', not a sha256"),
+    "namespaces a string": (None, _set_entry("namespaces", "opforge"),
+                            "its manifest {m} has libraries[0]['namespaces'] = 'opforge', not a list of operator namespaces"),
+    "a library named twice": (None, _first_library_twice, "its manifest {m} names the library 'opforge_ops_"),
+    "a named library missing from the archive": (_without("shims"), None, "the library '{r}/opforge/opforge_aoti_shims_"),
+    "no manifest": (_no_manifest, None, "not made by opforge.export.package (no {m} in it)"),
+}  # fmt: skip
+
+
+@HOSTILE
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_manifest_is_one_clear_error_naming_the_package_and_the_field(small_package, tmp_path, case):
+    change, edit, says = MALFORMED[case]
+    path = hostile(small_package, tmp_path / "malformed.pt2", change, edit)
+    root, _ = _members(small_package)
+    expected = f"{path}: " + says.format(m=f"{root}/{opforge.export.MANIFEST}", r=root)
+    calls = [lambda: opforge.export.load(path, directory=tmp_path / "libs")]
+    if case != "a named library missing from the archive":  # the manifest itself is right there
+        calls.append(lambda: opforge.export.manifest(path))
+    for call in calls:
+        with pytest.raises(PackageError) as err:
+            call()
+        assert str(err.value).startswith(expected), str(err.value)
+
+
+def _not_a_package(tmp_path: Path, case: str):
+    """The argument given to load, and what the error says."""
+    if case == "None":
+        return None, "opforge.export: a package is the path of a .pt2 file, got None (a NoneType)"
+    if case == "a number":
+        return 3.5, "opforge.export: a package is the path of a .pt2 file, got 3.5 (a float)"
+    path = tmp_path / "model.pt2"
+    if case == "a text file":
+        path.write_text("not a zip archive\n")
+        return path, f"{path}: not an AOTInductor package, which is a zip archive (File is not a zip file)"
+    if case == "an empty archive":
+        zipfile.ZipFile(path, "w").close()
+        return path, f"{path}: the archive is empty, not an AOTInductor package"
+    if case == "a folder":
+        path.mkdir()
+        return path, f"{path}: not an AOTInductor package, which is a zip archive ("
+    assert case == "a missing file"
+    return path, f"{path}: no such package file"
+
+
+@pytest.mark.parametrize("case", ["None", "a number", "a text file", "an empty archive", "a folder", "a missing file"])
+@pytest.mark.parametrize("fn", ["load", "manifest", "extract_libraries"])
+def test_what_is_not_a_package_is_one_clear_error(tmp_path, case, fn):
+    arg, says = _not_a_package(tmp_path, case)
+    with pytest.raises(PackageError) as err:
+        getattr(opforge.export, fn)(arg)
+    assert str(err.value).startswith(says), str(err.value)

@@ -18,39 +18,49 @@ from typing import Any
 import torch
 
 from opforge.check.grad import COMPILE_MAX_NUMEL, compile_dtype, compile_sample
-from opforge.check.steps import CheckResult, first_line, generator, map_tensors, missing_fake, sample_label, settle, step
+from opforge.check.steps import CheckResult, first_line, generator, missing_fake, sample_label, settle, step
 from opforge.check.values import difference, small, tensors
 from opforge.spec import OpSpec, Sample
 
 
+def _is_input(a: Any) -> bool:
+    """A tensor, or a non-empty list of tensors (a ``Tensor[]`` argument): an input of the exported program."""
+    return isinstance(a, torch.Tensor) or (isinstance(a, (list, tuple)) and bool(a) and all(isinstance(t, torch.Tensor) for t in a))
+
+
 class OneOp(torch.nn.Module):
-    """A module whose forward calls ``op`` once: the sample's tensors are its
-    inputs, every other argument (a number, None, a dtype, a list) a constant."""
+    """A module whose forward calls ``op`` once: the sample's tensors and lists of tensors are
+    its inputs, every other argument (a number, None, a dtype, a list of numbers) a constant."""
 
     def __init__(self, op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         super().__init__()
         self.op = op
-        self.template = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
-        self.where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        self.template = tuple(None if _is_input(a) else a for a in args)
+        self.where = [i for i, a in enumerate(args) if _is_input(a)]
         self.kwargs = dict(kwargs)
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
+    def forward(self, *inputs: torch.Tensor | list[torch.Tensor]) -> Any:
         args = list(self.template)
         for i, t in zip(self.where, inputs, strict=True):
             args[i] = t
         return self.op(*args, **self.kwargs)
 
 
-def one_op_module(spec: OpSpec, sample: Sample) -> tuple[OneOp, tuple[torch.Tensor, ...]]:
-    """The module around ``spec``'s operator for ``sample``, and its inputs."""
+def one_op_module(spec: OpSpec, sample: Sample) -> tuple[OneOp, tuple[torch.Tensor | list[torch.Tensor], ...]]:
+    """The module around ``spec``'s operator for ``sample``, and its inputs (a ``Tensor[]`` argument as a list)."""
     module = OneOp(spec.overload, sample.args, dict(sample.kwargs))
-    return module, tuple(a for a in sample.args if isinstance(a, torch.Tensor))
+    return module, tuple(list(a) if isinstance(a, tuple) else a for a in sample.args if _is_input(a))
 
 
-def batch_dynamic_shapes(inputs: Sequence[torch.Tensor]) -> tuple[dict[int, Any], ...]:
-    """Dimension 0 of every input of one or more dimensions left to export
-    (``Dim.AUTO``); for ``OneOp``, whose inputs are one varargs argument, wrap it in a tuple."""
-    return tuple({0: torch.export.Dim.AUTO} if t.dim() >= 1 else {} for t in inputs)
+def batch_dynamic_shapes(inputs: Sequence[torch.Tensor | Sequence[torch.Tensor]]) -> tuple[Any, ...]:
+    """Dimension 0 of every input tensor of one or more dimensions left to export (``Dim.AUTO``),
+    a list of them for a list input (export matches ``dynamic_shapes`` to the inputs' structure);
+    for ``OneOp``, whose inputs are one varargs argument, wrap it in a tuple."""
+
+    def one(t: torch.Tensor) -> dict[int, Any]:
+        return {0: torch.export.Dim.AUTO} if t.dim() >= 1 else {}
+
+    return tuple(one(t) if isinstance(t, torch.Tensor) else [one(x) for x in t] for t in inputs)
 
 
 def dynamic_dims(ep: torch.export.ExportedProgram) -> list[str]:
@@ -112,8 +122,13 @@ def metadata_mismatch(traced: torch.Tensor, real: torch.Tensor) -> str:
 
 
 def _outputs(spec: OpSpec, out: Any, inputs: Sequence[torch.Tensor], module: OneOp) -> list[torch.Tensor]:
-    written = [inputs[module.where.index(i)] for i in spec.mutated_args if i in module.where]
+    written = tensors([inputs[module.where.index(i)] for i in spec.mutated_args if i in module.where])
     return [t.detach() for t in tensors(out)] + [t.detach() for t in written]
+
+
+def _clone(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """Fresh copies of the inputs, the tensors of a list input included."""
+    return tuple([t.clone() for t in a] if isinstance(a, list) else a.clone() for a in inputs)
 
 
 def check_export(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
@@ -128,7 +143,7 @@ def check_export(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     module, inputs = one_op_module(spec, sample)
 
     def run(fn: Any) -> list[torch.Tensor]:
-        fresh = map_tensors(inputs, torch.clone)
+        fresh = _clone(inputs)
         out = _outputs(spec, fn(*fresh), fresh, module)
         settle(device)
         return out
@@ -147,7 +162,7 @@ def check_export(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
     try:
         want = run(module)
         with torch.no_grad(), _quiet_specialisation():
-            ep = torch.export.export(module, map_tensors(inputs, torch.clone), dynamic_shapes=(batch_dynamic_shapes(inputs),))
+            ep = torch.export.export(module, _clone(inputs), dynamic_shapes=(batch_dynamic_shapes(inputs),))
         same("the exported program", want, run(ep.module()))
         traced = traced_outputs(ep)
         for k, (t, w) in enumerate(zip(traced, want, strict=False)):

@@ -12,6 +12,12 @@ model, in any process; a C++ program does the same with ``dlopen`` and
 ``torch::inductor::AOTIModelPackageLoader`` (the files are ordinary members of
 the archive: ``<name>/opforge/<file>.so``, listed in ``<name>/opforge/manifest.json``).
 
+A package runs code, as a wheel does, so ``load`` checks it before it loads anything of it: no
+member or library may land outside the extraction folder, every library must match the sha256 its
+manifest records and be whole, and operators this process already has must come from the packaged
+build; anything else is a ``PackageError``. The checks stop damage and tampering in transit, not a
+malicious author (who writes the manifest too).
+
 torch.export and Inductor are imported when these functions run, not with opforge.
 """
 
@@ -22,8 +28,10 @@ import ctypes
 import hashlib
 import json
 import os
+import re
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +43,7 @@ import opforge
 from opforge.builder.jit import cache_root
 from opforge.builder.registrations import torch_library_registrations
 from opforge.builder.toolchain import STATIC_FIX, choose, links_libstdcxx_statically
+from opforge.elf_symbols import ElfError, check_complete
 from opforge.export.shims import ShimLibrary, build_shim_library, plan
 
 # Namespaces whose operators Inductor calls through its own C shims or kernels.
@@ -72,13 +81,19 @@ def custom_ops(gm: torch.fx.GraphModule) -> list[torch._ops.OpOverload]:
     return list(found)
 
 
+def _known_libraries() -> set[str]:
+    """The op libraries loaded by ``torch.ops.load_library`` and opforge's own."""
+    loaded = {str(p) for p in torch.ops.loaded_libraries}
+    if opforge.library is not None:
+        loaded.add(str(opforge.library.path))
+    return loaded
+
+
 def op_libraries(ops: Sequence[torch._ops.OpOverload]) -> list[Path]:
     """The loaded op libraries that register the namespaces of ``ops`` (read from each
     library's symbol table, as opforge's clash check reads it). A RuntimeError names an
     operator whose namespace no loaded library registers (a Python ``torch.library`` operator)."""
-    loaded = {str(p) for p in torch.ops.loaded_libraries}
-    if opforge.library is not None:
-        loaded.add(str(opforge.library.path))
+    loaded = _known_libraries()
     registered = {p: torch_library_registrations(Path(p)) or {} for p in sorted(loaded)}
     found: list[Path] = []
     for op in ops:
@@ -157,11 +172,10 @@ def package(
         if shim_lib is not None:
             ctypes.CDLL(str(shim_lib.path))
         torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
-    try:
-        _refuse_own_libstdcxx(path, "package: the compiled model")
-    except RuntimeError:
+    own = _own_libstdcxx(path)
+    if own is not None:
         path.unlink()
-        raise
+        raise RuntimeError(f"package: the compiled model {own}")
     carried = [*libraries, *([shim_lib.path] if shim_lib else [])]
     _add_libraries(path, carried, ops, shim_lib)
     return Packaged(
@@ -173,35 +187,27 @@ def package(
     )
 
 
-def _refuse_own_libstdcxx(path: Path, what: str) -> None:
-    """A RuntimeError when a model library in the archive carries its own copy of libstdc++: loading
-    it beside torch's shared one crashes the process instead of raising."""
-    with zipfile.ZipFile(path) as z, tempfile.TemporaryDirectory(prefix="opforge-model-") as tmp:
+def _own_libstdcxx(path: Any) -> str | None:
+    """Why the archive's model library cannot be loaded beside torch, when it carries its own copy
+    of libstdc++: that copy's std::regex crashes the loading process instead of raising."""
+    with _open(path) as z, tempfile.TemporaryDirectory(prefix="opforge-model-") as tmp:
         for name in z.namelist():
             if "/aotinductor/" not in name or not name.endswith(".so"):
                 continue
-            so = Path(tmp) / Path(name).name
-            so.write_bytes(z.read(name))
+            so = Path(tmp) / "model.so"
+            so.write_bytes(_read_member(z, name, path, "model library"))
             if links_libstdcxx_statically(so):
-                raise RuntimeError(
-                    f"{what} {path}: its model library {name} links libstdc++ statically (compiled with a "
-                    "devtoolset-style C++ compiler), and loading it beside torch's shared libstdc++ crashes the "
-                    f"process. Package it again with a compiler that links libstdc++ dynamically: {STATIC_FIX}, "
-                    "or inductor_configs={'cpp.cxx': (None, 'g++')}."
+                return (
+                    f"{path}: its model library {name} links libstdc++ statically (compiled with a devtoolset-style C++ "
+                    "compiler), and loading it beside torch's shared libstdc++ crashes the process. Package it again "
+                    f"with a compiler that links libstdc++ dynamically: {STATIC_FIX}, or inductor_configs={{'cpp.cxx': (None, 'g++')}}."
                 )
-
-
-def _archive_root(names: Sequence[str]) -> str:
-    """The folder every member of a PT2 archive sits in."""
-    for name in names:
-        if name.endswith("archive_format"):
-            return name.rsplit("/", 1)[0] if "/" in name else ""
-    return names[0].split("/", 1)[0]
+    return None
 
 
 def _add_libraries(path: Path, libraries: Sequence[Path], ops: Sequence[torch._ops.OpOverload], shim_lib: ShimLibrary | None) -> None:
     with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_STORED) as z:
-        root = _archive_root(z.namelist())
+        root = _archive_root(z, path)
         entries = []
         for lib in libraries:
             role = "shims" if shim_lib is not None and lib == shim_lib.path else "ops"
@@ -216,35 +222,161 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+class PackageError(ValueError):
+    """A package that opforge.export cannot read or will not load: the message names the
+    package and what is wrong with it (its archive, its manifest, or a library it carries)."""
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# An operator as an OpOverload's str writes it: namespace.name.overload.
+_OP = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]\w*\.\w+")
+_S_IFMT, _S_IFLNK, _S_IFREG = 0o170000, 0o120000, 0o100000
+
+
+def _open(path: Any) -> zipfile.ZipFile:
+    if not isinstance(path, (str, os.PathLike)):
+        raise PackageError(f"opforge.export: a package is the path of a .pt2 file, got {path!r} (a {type(path).__name__})")
+    try:
+        return zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise PackageError(f"{path}: no such package file") from None
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise PackageError(f"{path}: not an AOTInductor package, which is a zip archive ({exc})") from None
+
+
+def _archive_root(z: zipfile.ZipFile, path: Any) -> str:
+    """The folder every member of a PT2 archive sits in, after refusing any member that would
+    be written outside the folder the archive is extracted into (an absolute name, one that
+    climbs with ``..``) or that is not a plain file (a symbolic link, a device)."""
+    infos = z.infolist()
+    if not infos:
+        raise PackageError(f"{path}: the archive is empty, not an AOTInductor package")
+    for info in infos:
+        name = info.filename
+        parts = name.replace("\\", "/").split("/")
+        if name.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", name) or ".." in parts or "\0" in name:
+            raise PackageError(
+                f"{path}: refusing the package: its archive member {name!r} would be written outside the folder it is "
+                "extracted into (an absolute path, or one that climbs with '..')"
+            )
+        kind = (info.external_attr >> 16) & _S_IFMT
+        if kind == _S_IFLNK:
+            raise PackageError(f"{path}: refusing the package: its archive member {name!r} is a symbolic link, not a file")
+        if kind not in (0, _S_IFREG) and not info.is_dir():
+            raise PackageError(f"{path}: refusing the package: its archive member {name!r} is not a plain file (mode {kind:o})")
+    names = [i.filename for i in infos]
+    for name in names:
+        if name.endswith("archive_format"):
+            return name.rsplit("/", 1)[0] if "/" in name else ""
+    return names[0].split("/", 1)[0]
+
+
+def _read_member(z: zipfile.ZipFile, member: str, path: Any, what: str) -> bytes:
+    try:
+        return z.read(member)
+    except KeyError:
+        raise PackageError(f"{path}: {what} {member!r} is not in the archive") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise PackageError(f"{path}: {what} {member!r} cannot be read from the archive: {exc}") from None
+
+
+def _checked_manifest(data: bytes, path: Any, where: str) -> dict[str, Any]:
+    """The manifest's JSON, after checking every field ``load`` reads: a PackageError names the first wrong one."""
+
+    def bad(what: str) -> PackageError:
+        return PackageError(f"{path}: its manifest {where} {what}")
+
+    try:
+        info = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise bad(f"is not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})") from None
+    except json.JSONDecodeError as exc:
+        raise bad(f"is not JSON: {exc}") from None
+    if not isinstance(info, dict):
+        raise bad(f"is a JSON {type(info).__name__}, not an object")
+    for key in ("libraries", "ops"):
+        if not isinstance(info.get(key), list):
+            raise bad(f"has no {key!r} list" if key not in info else f"has {key!r} = {info[key]!r}, not a list")
+    files: set[str] = set()
+    for i, e in enumerate(info["libraries"]):
+        at = f"libraries[{i}]"
+        if not isinstance(e, dict):
+            raise bad(f"has {at} = {e!r}, not an object")
+        for key in ("file", "role", "sha256"):
+            if not isinstance(e.get(key), str):
+                raise bad(f"has no {at}[{key!r}] string" if key not in e else f"has {at}[{key!r}] = {e[key]!r}, not a string")
+        file = e["file"]
+        if file in ("", ".", "..") or "/" in file or "\\" in file or "\0" in file:
+            raise bad(
+                f"names the library {file!r} ({at}['file']): a packaged library is named by a plain file name, "
+                "written inside the folder the package is extracted into, never a path"
+            )
+        if file in files:
+            raise bad(f"names the library {file!r} twice")
+        files.add(file)
+        if e["role"] not in ("ops", "shims"):
+            raise bad(f"has {at}['role'] = {e['role']!r}, not 'ops' or 'shims'")
+        if not _SHA256.fullmatch(e["sha256"]):
+            raise bad(f"has {at}['sha256'] = {e['sha256']!r}, not a sha256 (64 lowercase hex digits)")
+        spaces = e.get("namespaces", [])
+        if not (isinstance(spaces, list) and all(isinstance(n, str) and n.isidentifier() for n in spaces)):
+            raise bad(f"has {at}['namespaces'] = {spaces!r}, not a list of operator namespaces")
+    for op in info["ops"]:
+        if not (isinstance(op, str) and _OP.fullmatch(op)):
+            raise bad(f"lists the operator {op!r}, not one as namespace.name.overload")
+    return info
+
+
+def _read_manifest(z: zipfile.ZipFile, path: Any) -> tuple[str, dict[str, Any]]:
+    root = _archive_root(z, path)
+    member = f"{root}/{MANIFEST}"
+    if member not in z.NameToInfo:
+        raise PackageError(f"{path}: not made by opforge.export.package (no {member} in it)")
+    return root, _checked_manifest(_read_member(z, member, path, "the manifest"), path, member)
+
+
 def manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """What ``package`` wrote into the archive: its libraries (file, role "ops" or "shims", sha256) and operators."""
-    with zipfile.ZipFile(path) as z:
-        root = _archive_root(z.namelist())
-        try:
-            return json.loads(z.read(f"{root}/{MANIFEST}"))
-        except KeyError:
-            raise RuntimeError(f"{path}: not made by opforge.export.package (no {root}/{MANIFEST} in it)") from None
+    """What ``package`` wrote into the archive: its libraries (file, role "ops" or "shims", sha256)
+    and operators. A PackageError names a file that is no package, or a manifest field that is wrong."""
+    with _open(path) as z:
+        return _read_manifest(z, path)[1]
 
 
 def extract_libraries(path: str | os.PathLike[str], directory: str | os.PathLike[str] | None = None) -> list[tuple[Path, str]]:
     """The package's libraries written out (into ``directory``, by default a folder of opforge's
-    build cache named by their digest), each with its role, in the order to load them."""
-    info = manifest(path)
-    libs = info["libraries"]
-    if directory is None:
-        digest = hashlib.sha256("".join(e["sha256"] for e in libs).encode()).hexdigest()[:16]
-        directory = cache_root() / f"packaged-{digest}"
-    directory = Path(directory)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    out = []
-    with zipfile.ZipFile(path) as z:
-        root = _archive_root(z.namelist())
+    build cache named by their digest), each with its role, in the order to load them. Each
+    library is checked against the sha256 its manifest records before it is written; a
+    PackageError names a library that differs, and a package whose manifest or archive would
+    put a file anywhere but directly inside ``directory``."""
+    with _open(path) as z:
+        root, info = _read_manifest(z, path)
+        libs = info["libraries"]
+        if directory is None:
+            digest = hashlib.sha256("".join(e["sha256"] for e in libs).encode()).hexdigest()[:16]
+            directory = cache_root() / f"packaged-{digest}"
+        directory = Path(directory)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        out = []
         for e in libs:
+            data = _read_member(z, f"{root}/opforge/{e['file']}", path, "the library")
+            got = hashlib.sha256(data).hexdigest()
+            if got != e["sha256"]:
+                raise PackageError(
+                    f"{path}: refusing the library {e['file']}: its sha256 is {got}, the package's manifest says "
+                    f"{e['sha256']}; the file was damaged or changed after it was packaged"
+                )
             target = directory / e["file"]
-            if not (target.is_file() and _sha256(target) == e["sha256"]):
-                tmp = target.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(z.read(f"{root}/opforge/{e['file']}"))
-                tmp.replace(target)
+            if target.is_symlink() or not (target.is_file() and _sha256(target) == e["sha256"]):
+                fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{e['file']}.")
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.chmod(tmp, 0o755)
+                os.replace(tmp, target)
+            try:
+                # A library its author packaged cut short would be mapped and kill the process (SIGBUS) when touched.
+                check_complete(target)
+            except ElfError as exc:
+                raise PackageError(f"{path}: refusing the library {e['file']}: {exc}") from None
             out.append((target, e["role"]))
     return out
 
@@ -260,27 +392,92 @@ def _defined(op: str) -> bool:
     return True
 
 
+def _has_namespace(ns: str) -> bool:
+    return any(name.startswith(f"{ns}::") for name in torch._C._dispatch_get_all_op_names())
+
+
+def _mapped_libraries() -> set[str]:
+    """The shared libraries this process has mapped (Python extension modules among them), torch's own left out."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    own = str(Path(torch.__file__).parent) + os.sep
+    found = set()
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and ".so" in fields[5] and fields[5].startswith("/") and not fields[5].startswith(own):
+            found.add(fields[5])
+    return found
+
+
+def _holders(ns: str) -> list[Path]:
+    """The loaded libraries that define operators of ``ns``: those opforge and torch.ops loaded, or else any mapped."""
+    known = _known_libraries()
+    for candidates in (known, _mapped_libraries() - known):
+        found = [Path(p) for p in sorted(candidates) if (torch_library_registrations(Path(p)) or {}).get(ns, set()) & {"def", "fragment"}]
+        if found:
+            return found
+    return []
+
+
+def _same_build_loaded(path: Any, lib: Path, sha256: str, spaces: Sequence[str]) -> None:
+    """Returns when the operators of ``spaces`` this process has come from a library with the
+    packaged one's sha256; else raises a PackageError naming both files. The compiled model would
+    otherwise call the other build's kernels, which it was not compiled or checked with."""
+    for ns in spaces:
+        holders = _holders(ns)
+        if any(p.is_file() and _sha256(p) == sha256 for p in holders):
+            continue
+        if holders:
+            other = ", ".join(f"{p} (sha256 {_sha256(p) if p.is_file() else 'unreadable'})" for p in holders)
+            raise PackageError(
+                f"{path}: refusing to run it with another build of its operators: this process has the operators of "
+                f"namespace {ns!r} from {other}, and the package carries {lib} (sha256 {sha256}). Load the package in a "
+                "process that has not loaded the other build"
+            )
+        raise PackageError(
+            f"{path}: refusing to run it with other operators of namespace {ns!r}: this process defines them already, "
+            f"not from a library file that can be compared with the packaged {lib} (sha256 {sha256}): defined from "
+            "Python, or by a library stripped of its symbol table. "
+            "Load the package in a process that has not defined them"
+        )
+
+
 def load(path: str | os.PathLike[str], *, directory: str | os.PathLike[str] | None = None) -> Any:
-    """The packaged model, ready to call: its op libraries loaded first (each one whose
-    operators this process does not have yet), then its C shim library, then the model
-    (``torch._inductor.aoti_load_package``)."""
+    """The packaged model, ready to call: its libraries extracted and each checked against its
+    manifest's sha256, its op libraries loaded (each whose operator namespaces this process does
+    not have yet; a namespace it has must come from the same build, byte for byte), then its C
+    shim library, then the model (``torch._inductor.aoti_load_package``). A PackageError names
+    the package and what was refused, before anything of it is loaded."""
     # lazy: import time (torch._inductor, 1.1 s, only for AOTInductor packages)
     import torch._inductor
 
     info = manifest(path)
-    _refuse_own_libstdcxx(Path(path), "load:")
-    spaces = {e["file"]: e.get("namespaces", []) for e in info["libraries"]}
-    ops = _qualnames(info["ops"])
-    for lib, role in extract_libraries(path, directory):
+    own = _own_libstdcxx(path)
+    if own is not None:
+        raise PackageError(f"refusing the package: {own}")
+    entries = {e["file"]: e for e in info["libraries"]}
+    extracted = extract_libraries(path, directory)
+    # Every comparison first, then every load: nothing of a refused package is loaded.
+    todo = []
+    for lib, role in extracted:
+        spaces = entries[lib.name].get("namespaces", [])
+        held = [ns for ns in spaces if _has_namespace(ns)]
+        if role == "ops" and held:
+            # A library whose operators are here already (opforge's, imported) is not loaded twice: its
+            # registrations would clash with the first copy's.
+            _same_build_loaded(path, lib, entries[lib.name]["sha256"], held)
+        else:
+            todo.append((lib, role))
+    for lib, role in todo:
         if role == "shims":
             ctypes.CDLL(str(lib))
-        # A library whose operators are here already (opforge's, imported) is not loaded twice: its
-        # registrations would clash with the first copy's.
-        elif any(not _defined(op) for op in ops if op.split("::")[0] in spaces[lib.name]):
+        else:
             torch.ops.load_library(str(lib))
     missing = [op for op in _qualnames(info["ops"]) if not _defined(op)]
     if missing:
-        raise RuntimeError(f"{path}: after loading its libraries, these operators are still missing: {', '.join(missing)}")
+        raise PackageError(f"{path}: after loading its libraries, these operators are still missing: {', '.join(missing)}")
     return torch._inductor.aoti_load_package(str(path))
 
 
@@ -289,4 +486,4 @@ def _qualnames(ops: Sequence[str]) -> list[str]:
     return [op.replace(".", "::", 1) for op in ops]
 
 
-__all__ = ["MANIFEST", "Packaged", "custom_ops", "extract_libraries", "load", "manifest", "op_libraries", "package"]
+__all__ = ["MANIFEST", "PackageError", "Packaged", "custom_ops", "extract_libraries", "load", "manifest", "op_libraries", "package"]
