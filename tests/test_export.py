@@ -71,8 +71,9 @@ def test_an_operator_without_a_fake_kernel_fails_the_export_check_with_the_fix(s
     spec = opforge.spec(op, reference=lambda x: x * 2, dtypes=(torch.float32,))
     result = check_export(spec, CPU, seed)
     assert result.status == "fail" and len(result.failures) == 1, result.failures
-    assert "needs a fake kernel, torch.library.register_fake or the spec's fake=" in result.failures[0]
-    assert result.failures[0].startswith(f"no_fake_{seed} float32 [")
+    assert result.failures[0].startswith(f"opforge_test_export::no_fake_{seed} has no fake kernel, which export needs")
+    assert f'torch.library.register_fake("opforge_test_export::no_fake_{seed}")' in result.failures[0]
+    assert result.tag == "no fake kernel"
     del lib
 
 
@@ -380,9 +381,10 @@ def test_a_model_library_with_its_own_libstdcxx_is_refused_before_it_can_crash_t
     assert not path.exists()
     # The same archive, had it been made elsewhere: load refuses it instead of crashing in it.
     with monkeypatch.context() as m:
-        m.setattr(opforge.export, "_refuse_own_libstdcxx", lambda *a: None)
+        m.setattr(opforge.export, "_own_libstdcxx", lambda path: None)
         opforge.export.package(SquareModel(), (x,), path, inductor_configs=configs)
-    with pytest.raises(RuntimeError, match=r"load: .*static.pt2: its model library .*links libstdc\+\+ statically.*CXX=g\+\+"):
+    pattern = r"refusing the package: .*static.pt2: its model library .*links libstdc\+\+ statically.*CXX=g\+\+"
+    with pytest.raises(opforge.export.PackageError, match=pattern):
         opforge.export.load(path)
 
 
