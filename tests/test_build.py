@@ -69,6 +69,31 @@ def test_key_follows_content_and_flags(tmp_path):
     assert flags.key() != cfg.key()
 
 
+@pytest.mark.parametrize("stable", ["", "2.10"], ids=["torch-route", "stable-route"])
+def test_a_source_groups_flags_and_include_folders_reach_its_sources_alone(tmp_path, cache, stable):
+    """Per-source flags, on both ninja files the engine runs (torch's and the
+    stable route's): a.cpp compiles only with its group's -D flag and include
+    folder, b.cpp only without them; the group's flags are in the cache key."""
+    from opforge.builder.recipe import SourceGroup
+
+    (tmp_path / "inc_a").mkdir()
+    (tmp_path / "inc_a" / "only_a.h").write_text("inline int a_part() { return ONLY_A; }\n")
+    a, b = tmp_path / "a.cpp", tmp_path / "b.cpp"
+    a.write_text('#ifndef ONLY_A\n#error "the group\'s flag is missing"\n#endif\n#include "only_a.h"\nint a_value() { return a_part(); }\n')
+    b.write_text(
+        '#ifdef ONLY_A\n#error "the group\'s flag reached another source"\n#endif\n'
+        '#if __has_include("only_a.h")\n#error "the group\'s include folder reached another source"\n#endif\n'
+        "int b_value() { return 1; }\n"
+    )
+    group = SourceGroup((a,), cflags=("-DONLY_A=2",), include_dirs=(tmp_path / "inc_a",))
+    cfg = BuildConfig(f"grouped{stable.replace('.', '_')}", (a, b), (), cflags=("-O0",), stable=stable, groups=(group,))
+    assert build_library(cfg, quiet=True).built_now
+    other = dataclasses.replace(cfg, groups=(dataclasses.replace(group, cflags=("-DONLY_A=3",)),))
+    assert other.key() != cfg.key() and other.objects_key() != cfg.objects_key()
+    with pytest.raises(ValueError, match=r"a source group names files that are not among its sources: \[.*c.cpp"):
+        BuildConfig("grouped", (a, b), (), groups=(SourceGroup((tmp_path / "c.cpp",), cflags=("-DX",)),))
+
+
 def test_library_config_covers_every_op_folder():
     cfg = library_config(with_cuda=False)
     names = {p.name for p in cfg.sources}

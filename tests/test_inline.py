@@ -318,6 +318,22 @@ def test_add2_tutorial_folder(tmp_path, pch_cache, seed):
     assert pybind_folder_config(folder).key() != key
 
 
+@pytest.mark.slow  # a pybind11 folder compiled, then its import fails
+def test_a_pybind_module_that_needs_a_function_no_source_defines_is_explained(tmp_path, pch_cache):
+    """The import of a pybind11 module fails in the loader (undefined symbol): said as
+    every route says it, the function demangled and the source that calls it, not
+    the loader's mangled name alone."""
+    folder = _folder(tmp_path, "add2_undefined", {"add2.h": ADD2_H, "add2.cpp": ADD2_CPP})  # launch_add2 declared, never written
+    with pytest.raises(BuildError) as info:
+        build_pybind_folder(folder, quiet=True)
+    said = str(info.value)
+    assert said.startswith(
+        "opforge: add2_undefined: the built library needs `launch_add2(float*, float const*, float const*, int)` "
+        "(called in add2.cpp), but none of the sources defines it"
+    ), said
+    assert "_Z11launch_add2" not in said and "PYBIND11_MODULE" not in said, said
+
+
 def test_hard_coded_module_name_is_refused_before_compiling(tmp_path, cache):
     folder = _folder(
         tmp_path,

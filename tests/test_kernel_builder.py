@@ -254,6 +254,78 @@ def test_cuda_capabilities_that_exclude_every_targeted_arch_are_a_clear_error(tm
         plan(project)
 
 
+def test_cuda_is_compiled_with_kernel_builders_default_nvcc_flags(tmp_path, monkeypatch):
+    """kernel-builder's nvcc line: --expt-extended-lambda (a __device__ lambda in a
+    kernel compiles), --expt-relaxed-constexpr, -DENABLE_FP8, and torch's four
+    __CUDA_NO_HALF* macros taken back; a kernel's cuda-flags go to its own .cu files
+    alone. (CUDA is made to look available: the plan compiles nothing.)"""
+    import opforge.builder.kernel_builder as kb
+
+    monkeypatch.setattr(kb, "_cuda_reason", lambda stable: None)
+    monkeypatch.setattr(kb, "_cuda_version", lambda stable: "13.0")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    project = copy_fixture(tmp_path, "hub_kernel")
+    toml = project / "build.toml"
+    toml.write_text(toml.read_text().replace("[kernel.gated_silu]\n", '[kernel.gated_silu]\ncuda-flags = ["-lineinfo"]\n'))
+    cuda = plan(project).variants[1].config
+    flags = cuda.cuda_cflags
+    for f in ("--expt-extended-lambda", "--expt-relaxed-constexpr", "-DENABLE_FP8", "-O3", "-DNDEBUG", "-DCUDA_KERNEL"):
+        assert f in flags, (f, flags)
+    assert {"-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"} <= set(flags)
+    assert "--use_fast_math" not in flags and "-lineinfo" not in flags
+    kernel = next(s for s in cuda.sources if s.name == "gated_silu.cu")
+    assert "-lineinfo" in cuda.source_flags()[kernel][1]
+
+
+def _two_kernel_project(root: Path) -> Path:
+    """A CPU project of two kernels: kernel_a declares -DKERNEL_A_FLAG and an include
+    folder of its own; kernel_b's source and the binding refuse to compile if either
+    reaches them, and kernel_a's refuses to compile without them."""
+    (root / "torch-ext" / "two_kernels").mkdir(parents=True)
+    (root / "kernel_a" / "inc").mkdir(parents=True)
+    (root / "kernel_b").mkdir()
+    (root / "build.toml").write_text(
+        '[general]\nname = "two-kernels"\nbackends = ["cpu"]\n\n[torch]\nsrc = ["torch-ext/torch_binding.cpp"]\n\n'
+        '[kernel.kernel_a]\nbackend = "cpu"\nsrc = ["kernel_a/a.cpp"]\ninclude = ["kernel_a/inc"]\n'
+        'cxx-flags = ["-DKERNEL_A_FLAG=3"]\n\n'
+        '[kernel.kernel_b]\nbackend = "cpu"\nsrc = ["kernel_b/b.cpp"]\n'
+    )
+    refuse = (
+        '#ifdef KERNEL_A_FLAG\n#error "kernel_a\'s cxx-flags reached this file"\n#endif\n'
+        '#if __has_include("only_a.h")\n#error "kernel_a\'s include folder reached this file"\n#endif\n'
+    )
+    (root / "kernel_a" / "inc" / "only_a.h").write_text("inline double a_part() { return KERNEL_A_FLAG; }\n")
+    (root / "kernel_a" / "a.cpp").write_text(
+        '#ifndef KERNEL_A_FLAG\n#error "kernel_a\'s own cxx-flags are missing"\n#endif\n#include "only_a.h"\n'
+        "double kernel_a_value() { return a_part(); }\n"
+    )
+    (root / "kernel_b" / "b.cpp").write_text(refuse + "double kernel_b_value() { return 0.25; }\n")
+    (root / "torch-ext" / "torch_binding.cpp").write_text(
+        '#include <torch/library.h>\n\n#include "registration.h"\n\n' + refuse + "double kernel_a_value();\n"
+        "double kernel_b_value();\nstatic double both() { return kernel_a_value() + kernel_b_value(); }\n\n"
+        'TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) { ops.def("both() -> float", &both); }\n\n'
+        "REGISTER_EXTENSION(TORCH_EXTENSION_NAME)\n"
+    )
+    (root / "torch-ext" / "two_kernels" / "__init__.py").write_text("from ._ops import ops\n\n\ndef both():\n    return ops.both()\n")
+    return root
+
+
+def test_a_kernels_cxx_flags_and_include_folders_are_its_own(tmp_path):
+    """As kernel-builder scopes them (per-source COMPILE_OPTIONS and INCLUDE_DIRECTORIES):
+    a kernel's cxx-flags and include folders go with that kernel's sources alone."""
+    p = plan(_two_kernel_project(tmp_path))
+    cfg = p.variants[0].config
+    assert not any("KERNEL_A_FLAG" in f for f in cfg.cflags), cfg.cflags
+    assert tmp_path / "kernel_a" / "inc" not in cfg.include_dirs, cfg.include_dirs
+    own = cfg.source_flags()
+    assert set(own) == {tmp_path / "kernel_a" / "a.cpp"}, own
+    assert own[tmp_path / "kernel_a" / "a.cpp"][0] == ("-DKERNEL_A_FLAG=3", f"-I{tmp_path / 'kernel_a' / 'inc'}")
+    # A flag of a kernel is in the cache key: another flag, another library.
+    toml = tmp_path / "build.toml"
+    toml.write_text(toml.read_text().replace("-DKERNEL_A_FLAG=3", "-DKERNEL_A_FLAG=4"))
+    assert plan(tmp_path).variants[0].config.key() != cfg.key()
+
+
 def test_the_cli_says_what_is_wrong_with_a_build_toml_before_compiling(tmp_path, monkeypatch, capsys):
     from opforge.cli import main
 
@@ -400,6 +472,65 @@ def test_the_kernel_builder_project_builds_imports_and_loads_with_kernels(tmp_pa
         assert "opforge build: gated_silu: `import gated_silu` fails from torch-ext/: Traceback" in err, err
         assert "kernels.get_local_kernel(" in err and "ImportError: gated_silu: a planted failure" in err, err
     print(f"hub_kernel ({device}): built in " + ", ".join(f"{b} {s:.1f} s" for b, s in seconds.items()))
+
+
+@pytest.mark.slow
+def test_a_kernels_cxx_flags_reach_its_sources_and_no_other(tmp_path):
+    """Built for real: kernel_a compiles only with its own -D flag and include
+    folder, kernel_b and the binding only without them, and the package imports
+    and runs with both kernels in it."""
+    project = _two_kernel_project(tmp_path / "two-kernels")
+    res = run_build(project, tmp_path / "cache", cuda=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    check = in_new_process('import sys\nsys.path.insert(0, "torch-ext")\nimport two_kernels\nprint("BOTH", two_kernels.both())\n', project)
+    assert check.returncode == 0 and "BOTH 3.25" in check.stdout, check.stdout + check.stderr
+
+
+DEVICE_LAMBDA_CU = """
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
+
+template <typename F>
+__global__ void apply(float* x, long n, F f) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i < n) x[i] = f(x[i]);
+}
+
+void twice(at::Tensor& x) {
+  long n = x.numel();
+  // A __device__ lambda: nvcc takes it with --extended-lambda, which kernel-builder's builds pass.
+  auto f = [] __device__(float v) { return 2.0f * v; };
+  apply<<<(n + 255) / 256, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(x.data_ptr<float>(), n, f);
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_a_cuda_kernel_with_a_device_lambda_builds_as_with_kernel_builder(tmp_path):
+    project = tmp_path / "device-lambda"
+    (project / "torch-ext" / "device_lambda").mkdir(parents=True)
+    (project / "kernel").mkdir()
+    (project / "build.toml").write_text(
+        '[general]\nname = "device-lambda"\nbackends = ["cuda"]\n\n[torch]\nsrc = ["torch-ext/torch_binding.cpp"]\n\n'
+        '[kernel.twice]\nbackend = "cuda"\nsrc = ["kernel/twice.cu"]\n'
+    )
+    (project / "kernel" / "twice.cu").write_text(DEVICE_LAMBDA_CU)
+    (project / "torch-ext" / "torch_binding.cpp").write_text(
+        '#include <ATen/core/Tensor.h>\n#include <torch/library.h>\n\n#include "registration.h"\n\nvoid twice(at::Tensor& x);\n\n'
+        'TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {\n  ops.def("twice(Tensor! x) -> ()");\n'
+        '  ops.impl("twice", c10::kCUDA, &twice);\n}\n\nREGISTER_EXTENSION(TORCH_EXTENSION_NAME)\n'
+    )
+    (project / "torch-ext" / "device_lambda" / "__init__.py").write_text("from ._ops import ops\n")
+    res = run_build(project, tmp_path / "cache", cuda=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    code = (
+        'import sys, torch\nsys.path.insert(0, "torch-ext")\nimport device_lambda\n'
+        'x = torch.arange(97, dtype=torch.float32, device="cuda")\ny = x.clone()\ndevice_lambda.ops.twice(y)\n'
+        'torch.testing.assert_close(y, 2 * x)\nprint("TWICE OK")\n'
+    )
+    check = in_new_process(code, project)
+    assert check.returncode == 0 and "TWICE OK" in check.stdout, check.stdout + check.stderr
 
 
 KERNELS_SCALED_ADD_CHECK = """

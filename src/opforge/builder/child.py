@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from opforge.builder.symbols import demangle, referred_in
+from opforge.builder.symbols import undefined_symbol_error
 
 #: A load runs the library's static initializers and imports torch: seconds, a minute on a loaded machine.
 LOAD_TIMEOUT_S = 300.0
@@ -208,15 +208,8 @@ def load_failure(stderr: str, returncode: int, path: Path, sources: Sequence[Pat
         else:
             message = lines[-1] if lines else f"exit status {returncode}"
     message = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", message)
-    if m := re.search(r"undefined symbol: (\S+)", message):
-        symbol = demangle(m[1])
-        callers = referred_in(symbol, sources)
-        shown = ", ".join(c.relative_to(root).as_posix() if root is not None and c.is_relative_to(root) else str(c) for c in callers)
-        return (
-            f"loading {path.name} fails: it needs `{symbol}` (an undefined symbol), which neither it nor a library it links defines"
-            + (f" (called in {shown})" if shown else "")
-            + ": a function declared but never written, or a library missing from the link"
-        )
+    if explained := undefined_symbol_error(path.name, message, (), root=root, sources=sources):
+        return f"loading {path.name} fails on an undefined symbol: {str(explained).removeprefix(f'opforge: {path.name}: ')}"
     text = "\n".join(lines)
     where = _source_of(text, path, sources, root, quoted)
     return f"loading {path.name} fails: {message}" + (f" ({where})" if where else "")

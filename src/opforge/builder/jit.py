@@ -40,7 +40,9 @@ from opforge.builder.pch import Pch, precompiled_header
 from opforge.builder.progress import Progress
 from opforge.builder.recipe import BuildConfig, Library
 from opforge.builder.registrations import refuse_clashes
+from opforge.builder.source_flags import by_compiled, in_torch_ninja_file
 from opforge.builder.store import cache_root, exclusive
+from opforge.builder.symbols import undefined_symbol_error
 from opforge.builder.torch_flags import torch_cxx_flags
 
 _MARKER = "COMPLETE.json"
@@ -144,10 +146,13 @@ def load_module(cfg: BuildConfig, *, quiet: bool = False, verify: bool = False) 
     spec = importlib.util.spec_from_file_location(name, lib.path)
     if spec is None or spec.loader is None:
         raise BuildError(f"opforge: cannot import {lib.path}")
-    module = importlib.util.module_from_spec(spec)
     try:
+        # The library is loaded (dlopen) when the module is made: a missing symbol is an ImportError there.
+        module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except ImportError as exc:
+        if (explained := undefined_symbol_error(cfg.name, exc, (), root=_common_root(cfg.sources), sources=cfg.sources)) is not None:
+            raise explained from exc
         raise BuildError(
             f"opforge: built {lib.path.name} but could not import it: {exc}. A pybind11 module must be declared as "
             "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) so that its name matches the file opforge builds"
@@ -229,16 +234,17 @@ def _build(cfg: BuildConfig, objects: Path, so_name: str, *, quiet: bool) -> flo
 
     with toolchain.applied(tc), _precompiled(cfg, tc.cxx.use, quiet=quiet) as pch:
         sources = _compiled_sources(cfg, objects, pch)
+        own_flags = by_compiled(cfg, sources)
         progress = Progress(objects, cfg.name, len(sources), len(cfg.sources), quiet=quiet)
         progress.start()
         if cfg.stable:
-            stable.build(cfg, objects, so_name, sources, tc, _pch_flags(cfg, pch), progress)
+            stable.build(cfg, objects, so_name, sources, tc, _pch_flags(cfg, pch), progress, own_flags)
             seconds = time.perf_counter() - start
             progress.stop(ok=True, seconds=seconds)
             _check_shared_libstdcxx(objects / f"{so_name}.so", tc.cxx.use)
             return seconds
         try:
-            with _built_not_loaded(cpp_extension):
+            with _built_not_loaded(cpp_extension), in_torch_ninja_file(cpp_extension, own_flags):
                 cpp_extension.load(
                     name=so_name,
                     sources=[str(s) for s in sources],

@@ -43,7 +43,7 @@ from opforge.builder.config import build_cuda_flag, want_cuda
 from opforge.builder.describe import cuda_unavailable
 from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, HEADER_SUFFIXES
 from opforge.builder.errors import BuildError
-from opforge.builder.jit import BuildConfig, build_library, cache_root
+from opforge.builder.jit import build_library, cache_root
 from opforge.builder.kernel_builder_layout import (
     REGISTRATION_H,
     Variant,
@@ -55,6 +55,7 @@ from opforge.builder.kernel_builder_layout import (
 )
 from opforge.builder.kernel_builder_toml import BUILD_TOML, BUILT_BACKENDS, Kernel, KernelBuilderError, Project, read_project
 from opforge.builder.package import write_generated
+from opforge.builder.recipe import BuildConfig, SourceGroup
 from opforge.builder.stable import target_flag
 from opforge.builder.store import exclusive
 from opforge.builder.toolchain import nvcc_version
@@ -62,6 +63,23 @@ from opforge.elf_symbols import read_dynamic_symbols
 
 #: The macro each backend's build defines (kernel-builder's), which torch_binding.cpp tests.
 _DEFINES = {"cpu": ("-DCPU_KERNEL",), "cuda": ("-DCUDA_KERNEL", "-DUSE_CUDA=1")}
+# kernel-builder's nvcc flags beyond its defines and -O3 -DNDEBUG (a Release build). Its CMake
+# (build2cmake's templates: utils.cmake, get_torch_gpu_compiler_flags, on every .cu) takes torch's
+# COMMON_NVCC_FLAGS and, for CUDA 11.8 and later, drops the four -D__CUDA_NO_HALF*/BFLOAT16* macros
+# and adds -DENABLE_FP8; find_package(Torch) on a CUDA torch (torch's share/cmake/Caffe2/public/
+# cuda.cmake) puts --expt-relaxed-constexpr and --expt-extended-lambda into CMAKE_CUDA_FLAGS. No
+# --use_fast_math. torch's load defines those four macros: -U takes them back, as nvcc reads -D and
+# -U in order. Left out, as they change no code a kernel compiles: the -Xcudafe --diag_suppress list
+# and -DONNX_NAMESPACE of cuda.cmake.
+_CUDA_DEFAULTS = (
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+    "-DENABLE_FP8",
+    "--expt-relaxed-constexpr",
+    "--expt-extended-lambda",
+)
 # The Python the placed library asks for: the limited API of the oldest Python opforge
 # runs on, so that one file (.abi3.so) serves every Python from it on, as kernel-builder's do.
 _LIMITED_API = "-DPy_LIMITED_API=0x030A0000"
@@ -223,11 +241,20 @@ def plan(root: Path) -> Plan:
         others = ", ".join(sorted({d for k in kernels for d in k.depends if d != "torch"}))
         if others:
             lines.append(f"  {backend}: depends on {others}: opforge adds no include path for it (put its headers on CPATH)")
-        # Declared include folders first, then the folders of every file listed (their headers are in the cache
-        # key: a header edited beside its source rebuilds), then the generated registration.h.
+        # The folders of every file listed (their headers are in the cache key: a header edited beside its
+        # source rebuilds), then the generated registration.h. The declared include folders are the group's
+        # that declares them ([torch] include for its sources, a kernel's for its own), as kernel-builder's
+        # per-source INCLUDE_DIRECTORIES, and so are a kernel's cxx-flags and cuda-flags (COMPILE_OPTIONS):
+        # an -mavx512f of one kernel must not reach the binding, whose code runs at load on any CPU.
         listed_dirs = [p.parent for p in (*project.torch_src, *(p for k in kernels for p in k.src))]
-        include_dirs = tuple(
-            dict.fromkeys([*project.torch_include, *(d for k in kernels for d in k.include), *listed_dirs, registration.parent])
+        include_dirs = tuple(dict.fromkeys([*listed_dirs, registration.parent]))
+        groups = tuple(
+            SourceGroup(tuple(s for s in srcs if s in sources), cflags=cxx, cuda_cflags=cu, include_dirs=inc)
+            for srcs, cxx, cu, inc in (
+                (project.torch_src, (), (), project.torch_include),
+                *((k.src, k.cxx_flags, k.cuda_flags, k.include) for k in kernels),
+            )
+            if any(s in sources for s in srcs) and (cxx or cu or inc)
         )
         full = _needs_full_python([*sources, *(p for p in project.torch_src if p.suffix in HEADER_SUFFIXES)])
         defines = _DEFINES[backend]
@@ -240,11 +267,10 @@ def plan(root: Path) -> Plan:
             # builds: no pybind11, which the limited API would refuse; OpenMP for the CPU loops, as opforge's folders.
             cflags += ["-UTORCH_API_INCLUDE_EXTENSION_H", "-fopenmp"]
             ldflags = ("-fopenmp",)
-        cflags += [f for k in kernels for f in k.cxx_flags]
         cflags += extra_cxx
         cuda_cflags: tuple[str, ...] = ()
         if backend == "cuda":
-            cuda_cflags = ("-O3", "-DNDEBUG", *defines)
+            cuda_cflags = ("-O3", "-DNDEBUG", *defines, *_CUDA_DEFAULTS)
             if stable:
                 # The stable route compiles .cu files as pure CUDA; kernel-builder's include torch's stable headers.
                 torch_dir = Path(torch.__file__).parent
@@ -253,7 +279,7 @@ def plan(root: Path) -> Plan:
                     ldflags += ("-ltorch_cuda",)  # the shim's CUDA functions (the current stream), where they are called
             else:
                 cuda_cflags += ("-UTORCH_API_INCLUDE_EXTENSION_H",)
-            cuda_cflags += tuple(gencode_flags(archs)) + tuple(f for k in kernels for f in k.cuda_flags)
+            cuda_cflags += tuple(gencode_flags(archs))
         config = BuildConfig(
             name=f"{project.python_name}_{backend}",
             sources=tuple(sources),
@@ -264,6 +290,7 @@ def plan(root: Path) -> Plan:
             with_cuda=backend == "cuda",
             cuda_archs=archs,
             stable=stable,
+            groups=groups,
         )
         # The namespace of this version of the sources: kernel-builder's unique material, here a content hash.
         h = hashlib.sha256()

@@ -30,6 +30,7 @@ from opforge.builder.errors import BuildError, load_reason
 from opforge.builder.jit import BuildConfig, Library, check_safe_to_load, load_library
 from opforge.builder.registrations import refuse_clashes, torch_library_registrations
 from opforge.builder.stable import parse_target
+from opforge.builder.symbols import undefined_symbol_error
 from opforge.elf_symbols import ElfError, check_complete, demangle
 
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;
@@ -50,10 +51,7 @@ def explain_load_error(path: Path, message: str) -> str:
         mangled = message.rsplit("undefined symbol:", 1)[-1].strip().split(",")[0].strip()
         symbol = demangle([mangled]).get(mangled, mangled)
         if not symbol.startswith(("c10::", "at::", "torch::", "caffe2::", "_ZN3c10", "_ZN2at", "_ZN5torch")):
-            return (
-                f"{path.name} needs `{symbol}`, which neither it nor a library it links defines: a function declared but "
-                "never written (or left out of the build), or a library missing from the link"
-            )
+            return str(undefined_symbol_error(path.name, message, ())).removeprefix("opforge: ")
         return (
             f"{path.name} was built against another torch (or another C++ ABI, _GLIBCXX_USE_CXX11_ABI) than this "
             f"process's torch: the symbol {symbol} is missing. Rebuild it with this torch; opforge's JIT cache keys on the "

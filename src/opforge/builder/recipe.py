@@ -18,6 +18,26 @@ from opforge.builder.discover import headers_under
 _CACHE_FORMAT = "2"
 
 
+#: A source's own flags: (the C++ compiler's, nvcc's).
+SourceFlags = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceGroup:
+    """Some of a build's sources with flags of their own, added after the
+    build's: a kernel's ``-mavx512f`` reaches that kernel's files and not the
+    binding's, whose code runs at load on any CPU. As CMake's per-source
+    COMPILE_OPTIONS and INCLUDE_DIRECTORIES do; a source in two groups gets both."""
+
+    sources: tuple[Path, ...]
+    # The C++ compiler's, for the group's C++ sources.
+    cflags: tuple[str, ...] = ()
+    # nvcc's, for the group's CUDA sources.
+    cuda_cflags: tuple[str, ...] = ()
+    # Searched by the group's sources alone (C++ and CUDA), after the build's own include_dirs.
+    include_dirs: tuple[Path, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
     """Everything that determines a built library; its hash is the cache key."""
@@ -54,6 +74,29 @@ class BuildConfig:
     extension_name: str = ""
     # On PyTorch's stable ABI for every torch from this one on ("2.10"; opforge.builder.stable).
     stable: str = ""
+    # Flags and include folders of some sources alone (SourceGroup), on top of the ones above.
+    groups: tuple[SourceGroup, ...] = ()
+
+    def __post_init__(self) -> None:
+        for group in self.groups:
+            if stray := [str(s) for s in group.sources if s not in self.sources]:
+                raise ValueError(f"{self.name}: a source group names files that are not among its sources: {stray}")
+            if merged := [str(s) for s in group.sources if s in self.unity]:
+                raise ValueError(f"{self.name}: sources with flags of their own cannot compile in the unity unit: {merged}")
+
+    def source_flags(self) -> dict[Path, SourceFlags]:
+        """Each grouped source's own (C++ flags, nvcc flags): its groups' flags,
+        then their include folders as ``-I``; a source in no group is not a key."""
+        out: dict[Path, SourceFlags] = {}
+        for g in self.groups:
+            includes = tuple(f"-I{d}" for d in g.include_dirs)
+            for s in g.sources:
+                cxx, cuda = out.get(s, ((), ()))
+                out[s] = ((*cxx, *g.cflags, *includes), (*cuda, *g.cuda_cflags, *includes))
+        return out
+
+    def _all_include_dirs(self) -> list[Path]:
+        return [*self.include_dirs, *(d for g in self.groups for d in g.include_dirs)]
 
     def key(self) -> str:
         """The cache key: everything that determines the built library."""
@@ -70,7 +113,7 @@ class BuildConfig:
         records, so that an editable install notices edited sources."""
         h = hashlib.sha256()
         # Headers below an include folder as the source walk finds them: build outputs, virtualenvs, tests left out.
-        for path in sorted(set(self.sources) | set(headers_under(self.include_dirs))):
+        for path in sorted(set(self.sources) | set(headers_under(self._all_include_dirs()))):
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes())
         return h.hexdigest()
@@ -97,10 +140,12 @@ class BuildConfig:
         put(*(() if self.pch_units else self.pch_headers), "|", *(str(u) for u in self.unity))
         if self.extension_name:  # only when set: the keys of every other build stay as they were
             put("extension_name", self.extension_name)
+        for source, (cxx, cuda) in sorted(self.source_flags().items()):  # none: the keys stay as they were
+            put("source flags", source, *cxx, "|", *cuda)
         if not contents:
-            put(*sorted(str(s) for s in self.sources), "|", *sorted(str(d) for d in self.include_dirs))
+            put(*sorted(str(s) for s in self.sources), "|", *sorted(str(d) for d in self._all_include_dirs()))
             return h.hexdigest()
-        for path in sorted(set(self.sources) | set(headers_under(self.include_dirs))):
+        for path in sorted(set(self.sources) | set(headers_under(self._all_include_dirs()))):
             put(path.name)
             h.update(path.read_bytes())
         return h.hexdigest()

@@ -23,7 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ import torch
 from opforge.builder.archs import cuda_home
 from opforge.builder.discover import CUDA_SUFFIXES
 from opforge.builder.errors import BuildError, explain_build_failure
+from opforge.builder.source_flags import SourceFlags, scoped_flags
 from opforge.builder.torch_flags import torch_cxx_flags
 
 if TYPE_CHECKING:
@@ -81,8 +82,10 @@ def write_ninja(
     cuda_host: str | None,
     torch_flags: Sequence[str],
     extension_name: str,
+    source_flags: Mapping[Path, SourceFlags] | None = None,
 ) -> Path:
-    """``build.ninja`` for ``sources`` -> ``<so_name>.so`` in ``build_dir``; its path."""
+    """``build.ninja`` for ``sources`` -> ``<so_name>.so`` in ``build_dir``; its path.
+    ``source_flags``: a source's own (C++ flags, nvcc flags), after the build's."""
     torch_lib = Path(torch.__file__).parent / "lib"
     includes = [f"-I{d}" for d in include_dirs]
     # torch's flags carry its include paths, -fPIC, the C++ standard and the C++ ABI macro.
@@ -122,6 +125,9 @@ def write_ninja(
     for src, obj in zip(sources, objects, strict=True):
         rule = "nvcc" if src.suffix in CUDA_SUFFIXES else "cxx"
         lines.append(f"build {obj}: {rule} {_escape(str(src))}")
+        cxx_own, cuda_own = (source_flags or {}).get(src, ((), ()))
+        if own := cuda_own if rule == "nvcc" else cxx_own:
+            lines.append(scoped_flags("nvflags" if rule == "nvcc" else "cxxflags", own))
     lines += [
         f"ldflags = {q(link)}",
         "rule link",
@@ -161,10 +167,18 @@ def run_ninja(build_dir: Path) -> tuple[bool, str]:
 
 
 def build(
-    cfg: BuildConfig, objects: Path, so_name: str, sources: list[Path], tc: Toolchain, pch_flags: list[str], progress: Progress
+    cfg: BuildConfig,
+    objects: Path,
+    so_name: str,
+    sources: list[Path],
+    tc: Toolchain,
+    pch_flags: list[str],
+    progress: Progress,
+    source_flags: Mapping[Path, SourceFlags] | None = None,
 ) -> None:
     """Builds ``cfg`` (a stable config) into ``objects/<so_name>.so``: the ninja
-    file, then ninja; a failure is a BuildError that leads with the compiler's errors."""
+    file, then ninja; a failure is a BuildError that leads with the compiler's errors.
+    ``source_flags``: the flags of some of ``sources`` alone, by the file ninja compiles."""
     host = tc.cuda_host.use if tc.cuda_host is not None and tc.cuda_host.fell_back else os.environ.get("CUDAHOSTCXX")
     try:
         write_ninja(
@@ -180,6 +194,7 @@ def build(
             cuda_host=host,
             torch_flags=torch_cxx_flags(),
             extension_name=so_name,
+            source_flags=source_flags,
         )
     except FileNotFoundError as exc:
         progress.stop(ok=False)

@@ -51,8 +51,8 @@ def undefined_symbol_error(
         why = f"{what}, and {'it was' if definer else 'they were'} left out because {_why_no_cuda()}. Build it where CUDA is available{fix}"
     else:
         why = (
-            "none of the sources defines it: a function declared but never written (a name in functions=, a CUDA launcher "
-            "declared in cpp= with no cuda= source), or a library missing from the link"
+            "none of the sources defines it: a function declared but never written (inline: a name in functions=, a CUDA "
+            "launcher declared in cpp= with no cuda= source), or a library missing from the link"
         )
     return BuildError(f"opforge: {name}: the built library needs `{symbol}`{called}, but {why}")
 

@@ -1,0 +1,95 @@
+"""Flags of some sources alone (``BuildConfig.groups``), given to ninja as the
+compile step of each such source: ``cxxflags = $cxxflags -mavx512f`` under its
+``build`` line, so that the rest of the library never sees them.
+
+The stable route writes its own ninja file (``opforge.builder.stable``); the
+torch route's file is written by torch's ``load``, which has one set of flags
+for every source: ``in_torch_ninja_file`` adds each source's own to the file
+torch writes, before ninja runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import types
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from opforge.builder.errors import BuildError
+from opforge.builder.recipe import BuildConfig, SourceFlags
+
+# A compile step of torch's ninja file: "build a.o: compile /abs/a.cpp" (a space in the path as "$ ").
+_TORCH_STEP = re.compile(r"build (?P<obj>\S+): (?P<rule>compile|cuda_compile) (?P<src>.+)")
+
+
+def scoped_flags(variable: str, flags: Sequence[str]) -> str:
+    """A ninja binding, indented under a ``build`` line, that gives that one
+    step ``flags`` after the file's own ``variable``."""
+    if bad := [f for f in flags if "\n" in f]:
+        raise BuildError(f"opforge: a compiler flag holds a line break: {bad[0]!r}")
+    return f"  {variable} = ${variable} {shlex.join(flags).replace('$', '$$')}"
+
+
+def by_compiled(cfg: BuildConfig, compiled: Sequence[Path]) -> dict[Path, SourceFlags]:
+    """``cfg.source_flags()`` by the file ninja compiles (a source's generated
+    wrapper where the engine made one, for a precompiled header or an object
+    name of its own): one file a source, in order, but for the unity unit, last,
+    whose sources have no flags of their own (BuildConfig refuses them)."""
+    own = cfg.source_flags()
+    if not own:
+        return {}
+    originals = [s for s in cfg.sources if s not in cfg.unity]
+    return {c: own[s] for c, s in zip(compiled, originals, strict=False) if s in own}
+
+
+@contextlib.contextmanager
+def in_torch_ninja_file(cpp_extension: types.ModuleType, own: Mapping[Path, SourceFlags]) -> Iterator[None]:
+    """While torch's ``load`` runs: the ninja file it writes gains, under the
+    compile step of each of ``own``'s sources, that source's own flags after
+    the rest (``post_cflags`` and ``cuda_post_cflags``, which its load leaves empty)."""
+    if not own:
+        yield
+        return
+    original = getattr(cpp_extension, "_write_ninja_file", None)
+    if original is None:
+        raise BuildError(
+            f"opforge: torch {torch.__version__} writes its build file in a way opforge does not know, so the flags of "
+            f"some sources alone ({', '.join(s.name for s in own)}) cannot be given"
+        )
+
+    def write(*args: object, **kwargs: object) -> None:
+        original(*args, **kwargs)
+        _add(Path(str(kwargs["path"] if "path" in kwargs else args[0])), own)
+
+    cpp_extension._write_ninja_file = write
+    try:
+        yield
+    finally:
+        cpp_extension._write_ninja_file = original
+
+
+def _add(ninja: Path, own: Mapping[Path, SourceFlags]) -> None:
+    wanted = {os.path.abspath(s): flags for s, flags in own.items()}
+    lines, seen = [], set()
+    text = ninja.read_text()
+    for line in text.splitlines():
+        lines.append(line)
+        if (m := _TORCH_STEP.fullmatch(line)) and (src := m["src"].replace("$ ", " ")) in wanted:
+            seen.add(src)
+            cuda = m["rule"] == "cuda_compile"
+            if flags := wanted[src][1 if cuda else 0]:
+                lines.append(scoped_flags("cuda_post_cflags" if cuda else "post_cflags", flags))
+    if missing := [s for s in wanted if s not in seen]:
+        # Never build without them: a kernel's flags silently lost is a library that differs from its project's.
+        raise BuildError(f"opforge: torch's build file has no compile step for {', '.join(missing)}, whose own flags were to go there")
+    new = "\n".join(lines) + "\n"
+    if new != text:
+        ninja.write_text(new)
+
+
+__all__ = ["by_compiled", "in_torch_ninja_file", "scoped_flags"]
