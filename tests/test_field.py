@@ -5,7 +5,6 @@ is run by hand, not here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -16,18 +15,15 @@ from types import ModuleType
 
 import pytest
 
+from .conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "benchmarks" / "field" / "run.py"
 
 
 @pytest.fixture(scope="module")
 def field() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("field_run", HARNESS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(HARNESS, "field_run")
 
 
 ONE = """
