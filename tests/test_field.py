@@ -9,13 +9,14 @@ import json
 import os
 import re
 import sys
+import tarfile
 import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from .conftest import load_script
+from .conftest import SRC, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "benchmarks" / "field" / "run.py"
@@ -190,11 +191,12 @@ def test_the_table_gives_every_row_the_totals_and_each_failure(field):
     result = {"device": "cpu", "machine": "2 cores", "torch": "2.13.0", "date": "2026-11-29", "jobs": 2, "rows": rows}
     table = field.render_table(result)
     assert table.startswith("2 packages, cpu (2 cores), torch 2.13.0, 2026-11-29, MAX_JOBS=2:")
-    assert "| a 1.0 | setup.py / pybind11 | pass 12 s | pass 12 s | pass 12 s |" in table
-    assert "| b 1.0 | setup.py / pybind11 | pass 12 s | fail 12 s | n/a | n/a | n/a | n/a |" in table
-    assert "| **totals** | | 2 pass | 1 pass, 1 fail | 1 pass, 1 n/a |" in table
-    assert "- b, build (fail): `build broke 'here'`" in table
-    assert "- b, own tests (n/a): `own_tests broke 'here'`" in table
+    assert "| package | layout | own install | own tests, own install | opforge build | import | own tests, opforge's build |" in table
+    assert "| a 1.0 | setup.py / pybind11 | pass 12 s | pass 12 s | pass 12 s | pass 12 s |" in table
+    assert "| b 1.0 | setup.py / pybind11 | pass 12 s | pass 12 s | fail 12 s | n/a | n/a | n/a | n/a |" in table
+    assert "| **totals** | | 2 pass | 2 pass | 1 pass, 1 fail | 1 pass, 1 n/a |" in table
+    assert "- b, opforge build (fail): `build broke 'here'`" in table
+    assert "- b, own tests, opforge's build (n/a): `own_tests broke 'here'`" in table
     assert field.totals(rows)["build"] == {"pass": 1, "fail": 1, "n/a": 0, "skip": 0}
 
 
@@ -208,7 +210,7 @@ def test_the_docs_tables_come_from_the_newest_file_of_each_device(field, tmp_pat
     text = docs.read_text()
     assert "From `benchmarks/results/field_cpu_2026-11-29.json`." in text
     assert "old" not in text and text.endswith("<!-- /field-table:cpu -->\n\nafter\n")
-    assert "| **totals** | | 1 pass | 1 pass |" in text
+    assert "| **totals** | | 1 pass | 1 pass | 1 pass |" in text
 
 
 def test_docs_without_a_devices_markers_is_an_error(field, tmp_path):
@@ -235,3 +237,32 @@ def test_a_bad_limit_is_a_usage_error(field, capsys):
 def test_a_package_needs_the_packages_it_imports(field):
     packages = field.parse_list((ROOT / "benchmarks" / "field" / "packages.toml").read_text())
     assert field._required(packages, ["torch-sparse"]) == {"torch-scatter"}
+
+
+def test_a_package_runs_through_every_step_and_a_failed_build_stops_the_rest(field, tmp_path):
+    # A pure-Python sdist: its own install and its tests pass; opforge finds nothing to build in it.
+    src = tmp_path / "make" / "tinypkg-1.0"
+    (src / "tinypkg").mkdir(parents=True)
+    (src / "tinypkg" / "__init__.py").write_text("VALUE = 3\n")
+    (src / "tests").mkdir()
+    (src / "tests" / "test_value.py").write_text("import tinypkg\n\ndef test_value():\n    assert tinypkg.VALUE == 3\n")
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='tinypkg', version='1.0', packages=['tinypkg'])\n")
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    with tarfile.open(sdists / "tinypkg-1.0.tar.gz", "w:gz") as t:
+        t.add(src, arcname="tinypkg-1.0")
+    (p,) = field.parse_list(
+        ONE.replace("torch-scatter", "tinypkg").replace("2.1.2", "1.0").replace("torch_scatter", "tinypkg") + 'tests = ["tests"]\n'
+    )
+    setup = field.Setup("cpu", sys.executable, Path(SRC), 1, tmp_path / "work", sdists, dict(field.LIMITS))
+    row = field.run_package(p, setup, {}, tmp_path / "logs")
+    verdicts = {step: row[step]["verdict"] for step in field.STEPS}
+    assert verdicts == {
+        "own_install": "pass", "own_tests_own_install": "pass", "build": "fail",
+        "import": "n/a", "own_tests": "n/a", "check": "n/a", "bench": "n/a",
+    }, row  # fmt: skip
+    assert "1 passed" in row["own_tests_own_install"]["first_error"]
+    assert row["build"]["first_error"], "a failed build names its error"
+    assert row["import"]["first_error"] == "build failed"
+    assert row["check"]["first_error"] == "no spec: no operator in torch.ops (pybind11 functions only)"
+    assert (tmp_path / "logs" / "build.log").is_file()

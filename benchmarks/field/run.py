@@ -5,7 +5,8 @@ committed) it runs, each step in a process group of its own that is killed whole
 limit, and gives a verdict (pass / fail / n/a / skip) with seconds and the first error line:
 
   own_install   the project's own documented install, ``pip install --no-deps
-                --no-build-isolation --target T .`` on a copy of the sdist (the yardstick)
+                --no-build-isolation --target T .`` on a copy of the sdist (the yardstick),
+                and the tests the sdist ships against it
   build         ``opforge build ROOT`` bare, on a fresh copy
   import        its modules imported from that copy, torch first, as its users import them
   own_tests     the tests the sdist ships, with pytest, against opforge's build
@@ -55,11 +56,31 @@ RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs" / "field.md"
 CACHE = Path(os.environ.get("OPFORGE_FIELD_CACHE", Path.home() / ".cache" / "opforge-field"))
 
-STEPS = ("own_install", "build", "import", "own_tests", "check", "bench")
+# own_tests_own_install: the same tests against the project's own install, so that a test that fails
+# with opforge's build can be told from one that fails anyway.
+STEPS = ("own_install", "own_tests_own_install", "build", "import", "own_tests", "check", "bench")
 VERDICTS = ("pass", "fail", "n/a", "skip")
 BACKENDS = ("cpu", "cuda")
+LABELS = {
+    "own_install": "own install",
+    "own_tests_own_install": "own tests, own install",
+    "build": "opforge build",
+    "import": "import",
+    "own_tests": "own tests, opforge's build",
+    "check": "check",
+    "bench": "bench",
+}
 # Per-step limits in seconds (--limit STEP=SECONDS overrides).
-LIMITS = {"download": 600, "own_install": 900, "build": 900, "import": 300, "own_tests": 900, "check": 900, "bench": 600}
+LIMITS = {
+    "download": 600,
+    "own_install": 900,
+    "build": 900,
+    "import": 300,
+    "own_tests": 900,
+    "own_tests_own_install": 900,
+    "check": 900,
+    "bench": 600,
+}
 _KEYS = {"name", "version", "layout", "backends", "modules", "import_path", "tests", "spec", "env", "requires", "note"}
 
 
@@ -339,6 +360,19 @@ def run_package(p: Package, s: Setup, built: dict[str, Path], log_dir: Path) -> 
         print(f"  {p.name}: {step}: {' '.join(cmd)}", flush=True)
         return run_limited(cmd, cwd=cwd, env=env, limit=s.limits[step], log=log_dir / f"{step}.log")
 
+    def own_tests(flags: list[str], cwd: Path, env: dict[str, str], gate: Step | None, step: str) -> Step:
+        if not p.tests:
+            return Step("n/a", 0.0, "the sdist ships no tests")
+        if gate is not None:
+            return gate
+        ran = limited(step, [s.python, *flags, "-m", "pytest", "-q", "-p", "no:cacheprovider", *p.tests], cwd, env)
+        if ran.rc == 5:
+            return Step("n/a", ran.seconds, f"no tests collected for {s.device}: {_pytest_summary(ran.output)}")
+        verdict = verdict_of(ran, s.limits[step])
+        if ran.rc is not None:  # the counts say more than the first failure
+            verdict.first_error = "; ".join(x for x in (_pytest_summary(ran.output), verdict.first_error) if x)
+        return verdict
+
     try:
         sdist = fetch_sdist(p, s.sdists, s.python, s.limits["download"])
     except RuntimeError as e:
@@ -358,6 +392,9 @@ def run_package(p: Package, s: Setup, built: dict[str, Path], log_dir: Path) -> 
     if here_cannot and own_install.verdict == "n/a":
         own_install.first_error = f"{'/'.join(p.backends)} only, this machine: {s.device}; {own_install.first_error}"
     row["own_install"] = own_install.as_dict()
+    gate = None if own_install.verdict == "pass" else Step("n/a", 0.0, "own install failed")
+    # -P: the sdist's own folder (sources without the built library) is not put before the install.
+    row["own_tests_own_install"] = own_tests(["-P"], own, _env(s, p, [target, *deps]), gate, "own_tests_own_install").as_dict()
 
     # 2. opforge build, bare, on a fresh copy
     root = unpack(sdist, s.work / "opforge" / p.name)
@@ -379,19 +416,8 @@ def run_package(p: Package, s: Setup, built: dict[str, Path], log_dir: Path) -> 
     imported = step.verdict == "pass"
 
     # 4. its own tests, against opforge's build
-    if not p.tests:
-        row["own_tests"] = Step("n/a", 0.0, "the sdist ships no tests").as_dict()
-    else:
-        step = following(build, "own_tests") or (None if imported else Step("n/a", 0.0, "import failed"))
-        if step is None:
-            cmd = [s.python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *p.tests]
-            ran = limited("own_tests", cmd, root, env)
-            step = verdict_of(ran, s.limits["own_tests"])
-            if step.verdict == "pass":
-                step.first_error = _pytest_summary(ran.output)
-            elif ran.rc == 5:
-                step = Step("n/a", ran.seconds, f"no tests collected for {s.device}: {_pytest_summary(ran.output)}")
-        row["own_tests"] = step.as_dict()
+    gate = following(build, "own_tests") or (None if imported else Step("n/a", 0.0, "import failed"))
+    row["own_tests"] = own_tests([], root, env, gate, "own_tests").as_dict()
 
     # 5, 6. opforge check and bench with the spec file
     for name, extra in (("check", []), ("bench", ["--no-compile", "--budget", "0.2"])):
@@ -443,8 +469,8 @@ def render_table(result: dict[str, Any]) -> str:
         f"{len(rows)} packages, {result['device']} ({result.get('machine', '')}), torch {result.get('torch', '?')}, "
         f"{result.get('date', '?')}, MAX_JOBS={result.get('jobs', '?')}:",
         "",
-        "| package | layout | own install | opforge build | import | own tests | check | bench |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| package | layout | " + " | ".join(LABELS[step] for step in STEPS) + " |",
+        "| --- | --- |" + " --- |" * len(STEPS),
     ]
     for r in rows:
         cells = [f"{r['name']} {r['version']}", r["layout"].replace("|", "/")] + [_cell(r[s]) for s in STEPS]
@@ -455,7 +481,7 @@ def render_table(result: dict[str, Any]) -> str:
     for r in rows:
         for step in STEPS:
             if r[step]["verdict"] in ("fail", "n/a") and r[step]["first_error"]:
-                notes.append(f"- {r['name']}, {step.replace('_', ' ')} ({r[step]['verdict']}): `{_md(r[step]['first_error'])}`")
+                notes.append(f"- {r['name']}, {LABELS[step]} ({r[step]['verdict']}): `{_md(r[step]['first_error'])}`")
     if notes:
         lines += ["", *notes]
     return "\n".join(lines) + "\n"
@@ -537,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
             print(p.name, fetch_sdist(p, args.sdists, args.python, limits["download"]))
         return 0
 
+    # A stopped run stops its step too: SystemExit unwinds through run_limited, which kills the step's group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     opforge_src = (args.opforge_src or REPO / "src").resolve()
     work = (args.work or CACHE / "work" / args.device).resolve()
     if not args.keep_cache:
