@@ -45,6 +45,8 @@ def test_the_committed_list_parses_with_fifteen_packages_and_their_specs(field):
     for p in packages:
         if p.spec:
             assert (HARNESS.parent / p.spec).is_file(), p.spec
+            # The spec's folder is on sys.path when it runs: named as the package, it would import itself.
+            assert Path(p.spec).stem not in {m.split(".")[0] for q in packages for m in q.modules}, p.spec
 
 
 def test_a_package_parses(field):
@@ -119,6 +121,8 @@ def test_steps_after_a_failed_build_are_not_applicable(field):
          "OSError: CUDA_HOME environment variable is not set."),
         ("....F\nFAILED tests/test_ops.py::test_sort - AssertionError\n1 failed, 4 passed\n",
          "FAILED tests/test_ops.py::test_sort - AssertionError"),
+        ("check f: reference pass (14), opcheck FAIL (5/5)\nx opcheck: f float32 [5x7]: OpCheckError: numel()\n3 passed, 3 failed\n",
+         "x opcheck: f float32 [5x7]: OpCheckError: numel()"),
         ("nothing matched here\nlast words\n\n", "last words"),
         ("", ""),
     ],
@@ -132,11 +136,12 @@ def test_a_long_error_line_is_clipped(field):
 
 
 def test_a_step_past_its_limit_is_killed_with_the_processes_it_started(field, tmp_path):
-    # The step starts a grandchild that would outlive it: killing the group ends both.
+    # The step starts a grandchild in a process group of its own, as ninja starts each compile
+    # command: killing the step's group alone would leave it running.
     pid_file = tmp_path / "grandchild.pid"
     script = (
-        "import subprocess, sys, time\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "import os, subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], preexec_fn=os.setpgrp)\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "print('started', flush=True)\n"
         "time.sleep(600)\n"

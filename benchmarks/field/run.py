@@ -178,6 +178,7 @@ def parse_list(text: str, where: str = "packages.toml") -> list[Package]:
 # A line that says what went wrong, most telling first; else the last line of the output.
 _ERROR_PATTERNS = [
     re.compile(r"^opforge( \w+)?: .*"),
+    re.compile(r"^x [\w ]+: .*"),  # a failed check of `opforge check` / `bench`
     re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: .*"),
     re.compile(r"^E\s+\w*(Error|Exception)\b.*"),
     re.compile(r"^\w*(Error|Exception|Interrupt)\b(: .*)?$"),
@@ -228,15 +229,40 @@ def run_limited(cmd: list[str], *, cwd: Path, env: dict[str, str], limit: float,
     except subprocess.TimeoutExpired:
         rc = None
     finally:
-        # Whatever the step started (compilers, ninja, pytest workers) goes with it.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # Whatever the step started (compilers, pytest workers) goes with it.
+        kill_session(proc.pid)
         proc.wait()
     seconds = time.monotonic() - start
     sink.seek(0)
     text = sink.read().decode("utf-8", "replace")
     sink.close()
     return Ran(rc, seconds, text)
+
+
+def kill_session(sid: int) -> None:
+    """Every process of session ``sid``: its own process group, and the groups ninja gives each
+    compile command (``killpg`` of the step's group alone would leave the compilers running)."""
+    for _ in range(5):  # a process may fork while the others are being killed
+        found = [pid for pid in _pids() if _session(pid) == sid]
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def _pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _session(pid: int) -> int | None:
+    try:
+        # /proc/PID/stat: "pid (comm) state ppid pgrp session ...", comm may hold spaces and parentheses.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[3]) if fields[0] != "Z" else None
 
 
 def verdict_of(ran: Ran, limit: float, *, when_fails: str = "fail") -> Step:
