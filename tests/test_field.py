@@ -123,6 +123,10 @@ def test_steps_after_a_failed_build_are_not_applicable(field):
          "FAILED tests/test_ops.py::test_sort - AssertionError"),
         ("check f: reference pass (14), opcheck FAIL (5/5)\nx opcheck: f float32 [5x7]: OpCheckError: numel()\n3 passed, 3 failed\n",
          "x opcheck: f float32 [5x7]: OpCheckError: numel()"),
+        ("      File \"<string>\", line 111\n      NameError: name 'v' is not defined\nerror: metadata-generation-failed\nhint: see\n",
+         "NameError: name 'v' is not defined"),
+        ("opforge build: setup.py failed (exit 1) when read:\nTraceback (most recent call last):\n  File x\nKeyError: 'a'\nValueError: b\n",
+         "opforge build: setup.py failed (exit 1) when read: ValueError: b"),
         ("nothing matched here\nlast words\n\n", "last words"),
         ("", ""),
     ],
@@ -131,8 +135,8 @@ def test_the_first_error_line(field, output, first):
     assert field.first_error(output) == first
 
 
-def test_a_long_error_line_is_clipped(field):
-    assert field.first_error("RuntimeError: " + "x" * 500, limit=40) == "RuntimeError: " + "x" * 23 + "..."
+def test_a_long_error_line_keeps_its_start_and_its_end(field):
+    assert field.first_error("RuntimeError: " + "x" * 500 + " the end", limit=40) == "RuntimeError:" + " ... " + "x" * 14 + " the end"
 
 
 def test_a_step_past_its_limit_is_killed_with_the_processes_it_started(field, tmp_path):
@@ -271,3 +275,18 @@ def test_a_package_runs_through_every_step_and_a_failed_build_stops_the_rest(fie
     assert row["import"]["first_error"] == "build failed"
     assert row["check"]["first_error"] == "no spec: no operator in torch.ops (pybind11 functions only)"
     assert (tmp_path / "logs" / "build.log").is_file()
+
+
+def test_rescore_reads_failed_steps_again_and_keeps_what_came_before_their_cause(field, tmp_path):
+    row = _row(field, "a", own_install="n/a", build="fail", own_tests="n/a")
+    row["own_install"]["first_error"] = "cuda only, this machine: cpu; hint: see above"
+    row["own_tests"]["first_error"] = "build failed"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "own_install.log").write_text("Traceback\n  NameError: name 'v' is not defined\nhint: see above\n")
+    (tmp_path / "a" / "build.log").write_text("src/x.cpp:3:1: error: 'y' was not declared\n")
+    (tmp_path / "a" / "own_tests.log").write_text("E   AssertionError\n")  # from another run: this one did not run them
+    result = {"device": "cpu", "rows": [row]}
+    assert field.rescore(result, tmp_path) == 2
+    assert row["own_install"]["first_error"] == "cuda only, this machine: cpu; NameError: name 'v' is not defined"
+    assert row["build"]["first_error"] == "src/x.cpp:3:1: error: 'y' was not declared"
+    assert row["own_tests"]["first_error"] == "build failed"

@@ -176,38 +176,42 @@ def parse_list(text: str, where: str = "packages.toml") -> list[Package]:
 
 
 # A line that says what went wrong, most telling first; else the last line of the output.
+_OPFORGE = re.compile(r"^opforge( \w+)?: .*(fail|error|cannot|can't|not |refus|needs|missing|nothing|no ).*", re.IGNORECASE)
+_EXCEPTION = re.compile(r"^\w*(Error|Exception|Interrupt)\b(: .*)?$")
 _ERROR_PATTERNS = [
-    re.compile(r"^opforge( \w+)?: .*"),
+    _OPFORGE,
     re.compile(r"^x [\w ]+: .*"),  # a failed check of `opforge check` / `bench`
-    re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: .*"),
-    re.compile(r"^E\s+\w*(Error|Exception)\b.*"),
-    re.compile(r"^\w*(Error|Exception|Interrupt)\b(: .*)?$"),
-    re.compile(r"^\s*error: (?!subprocess-exited-with-error|metadata-generation-failed).*", re.IGNORECASE),
+    re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: .*"),  # a compiler's
+    re.compile(r"^E\s+\w*(Error|Exception)\b.*"),  # pytest's
+    _EXCEPTION,
+    re.compile(r"^error: (?!subprocess-exited-with-error|metadata-generation-failed).*", re.IGNORECASE),
     re.compile(r"^(FAILED|ERROR) .*"),
 ]
-_NOISE = re.compile(r"^(opforge( \w+)?: (building|built|reading|cpu|cuda|\S+: \d+ extension)|\s*$)")
 
 
 def first_error(output: str, limit: int = 300) -> str:
-    lines = [line.rstrip() for line in output.splitlines()]
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
     for pattern in _ERROR_PATTERNS:
-        for line in lines:
-            text = line.strip() if pattern is not _ERROR_PATTERNS[4] else line
-            if pattern.match(text) and not _NOISE.match(text) and _is_failure(text, pattern):
-                return _clip(text.strip(), limit)
-    tail = [line.strip() for line in lines if line.strip()]
-    return _clip(tail[-1], limit) if tail else ""
-
-
-def _is_failure(line: str, pattern: re.Pattern[str]) -> bool:
-    # opforge's progress lines start with "opforge:" too; only those that report a failure count.
-    if pattern is _ERROR_PATTERNS[0]:
-        return bool(re.search(r"fail|error|cannot|can't|not |refus|needs|missing|no ", line, re.IGNORECASE))
-    return True
+        for i, line in enumerate(lines):
+            if not pattern.match(line):
+                continue
+            if pattern is _EXCEPTION or line.endswith(":"):
+                # A traceback's last exception is its cause; a line ending in ":" introduces one.
+                after = [x for x in lines[i + 1 :] if _EXCEPTION.match(x)]
+                if pattern is _EXCEPTION:
+                    line = after[-1] if after else line
+                elif after:
+                    line = f"{line} {after[-1]}"
+            return _clip(line, limit)
+    return _clip(lines[-1], limit) if lines else ""
 
 
 def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    # The start says where, the end says what: keep both.
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return text[:head] + " ... " + text[len(text) - (limit - head - 5) :]
 
 
 @dataclass
@@ -535,6 +539,27 @@ def write_docs(results: list[Path], docs: Path = DOCS) -> None:
     docs.write_text(text)
 
 
+# Verdicts given without running the step: nothing in a log to read again.
+_NOT_RUN = ("build failed", "build skip", "import failed", "own install failed", "the sdist ships no tests", "no spec:")
+
+
+def rescore(result: dict[str, Any], logs: Path) -> int:
+    """Each failed step's first error read again from its log (``logs/<package>/<step>.log``), by the
+    rules of this version of the harness; what a message says before its last "; " (a time limit, the
+    backends, pytest's counts) is kept. Returns how many changed."""
+    changed = 0
+    for row in result["rows"]:
+        for step in STEPS:
+            cell, log = row[step], logs / row["name"] / f"{step}.log"
+            if cell["verdict"] not in ("fail", "n/a") or cell["first_error"].startswith(_NOT_RUN) or not log.is_file():
+                continue
+            head, sep, _ = cell["first_error"].rpartition("; ")
+            new = head + sep + first_error(log.read_text(errors="replace"))
+            changed += new != cell["first_error"]
+            cell["first_error"] = new
+    return changed
+
+
 def _machine(device: str) -> str:
     if device == "cuda":
         try:
@@ -561,11 +586,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--download-only", action="store_true", help="fetch the sdists into --sdists and stop")
     ap.add_argument("--keep-cache", action="store_true", help="keep opforge's build cache of an earlier run")
     ap.add_argument("--table", type=Path, default=None, help="print the table of a results file and stop")
+    ap.add_argument("--rescore", type=Path, default=None, metavar="RESULTS",
+                    help="read each failed step's first error again from the logs under --work, into RESULTS, and stop")  # fmt: skip
     ap.add_argument("--docs", action="store_true", help="rewrite docs/field.md's tables from the newest results and stop")
     args = ap.parse_args(argv)
 
     if args.table:
         print(render_table(json.loads(args.table.read_text())), end="")
+        return 0
+    if args.rescore:
+        result = json.loads(args.rescore.read_text())
+        n = rescore(result, (args.work or CACHE / "work" / result["device"]) / "logs")
+        args.rescore.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"{args.rescore}: {n} first errors read again")
         return 0
     if args.docs:
         write_docs(list(RESULTS.glob("field_*.json")))
