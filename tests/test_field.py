@@ -206,6 +206,8 @@ def test_the_table_gives_every_row_the_totals_and_each_failure(field):
     assert "| **totals** | | 2 pass | 2 pass | 1 pass, 1 fail | 1 pass, 1 n/a |" in table
     assert "- b, opforge build (fail): `build broke 'here'`" in table
     assert "- b, own tests, opforge's build (n/a): `own_tests broke 'here'`" in table
+    rows[1]["check"]["first_error"] = "build failed"  # said by the build's own line: not repeated
+    assert "- b, check" not in field.render_table(result)
     assert field.totals(rows)["build"] == {"pass": 1, "fail": 1, "n/a": 0, "skip": 0}
 
 
@@ -273,15 +275,17 @@ def test_a_package_runs_through_every_step_and_a_failed_build_stops_the_rest(fie
     assert "1 passed" in row["own_tests_own_install"]["first_error"]
     assert row["build"]["first_error"], "a failed build names its error"
     assert row["import"]["first_error"] == "build failed"
-    assert row["check"]["first_error"] == "no spec: no operator in torch.ops (pybind11 functions only)"
+    assert row["check"]["first_error"] == "no spec: it exposes no operator in torch.ops to name"
     assert (tmp_path / "logs" / "build.log").is_file()
 
 
 def test_rescore_reads_failed_steps_again_and_keeps_what_came_before_their_cause(field, tmp_path):
-    row = _row(field, "a", own_install="n/a", build="fail", own_tests="n/a")
+    row = _row(field, "a", own_install="n/a", build="fail", own_tests="n/a", check="fail")
     row["own_install"]["first_error"] = "cuda only, this machine: cpu; hint: see above"
     row["own_tests"]["first_error"] = "build failed"
+    row["check"]["first_error"] = "ValueError: a; pass name=, e.g. name='x'"
     (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "check.log").write_text("ValueError: a; pass name=, e.g. name='x'\n")
     (tmp_path / "a" / "own_install.log").write_text("Traceback\n  NameError: name 'v' is not defined\nhint: see above\n")
     (tmp_path / "a" / "build.log").write_text("src/x.cpp:3:1: error: 'y' was not declared\n")
     (tmp_path / "a" / "own_tests.log").write_text("E   AssertionError\n")  # from another run: this one did not run them
@@ -290,3 +294,4 @@ def test_rescore_reads_failed_steps_again_and_keeps_what_came_before_their_cause
     assert row["own_install"]["first_error"] == "cuda only, this machine: cpu; NameError: name 'v' is not defined"
     assert row["build"]["first_error"] == "src/x.cpp:3:1: error: 'y' was not declared"
     assert row["own_tests"]["first_error"] == "build failed"
+    assert row["check"]["first_error"] == "ValueError: a; pass name=, e.g. name='x'"

@@ -179,9 +179,9 @@ def parse_list(text: str, where: str = "packages.toml") -> list[Package]:
 _OPFORGE = re.compile(r"^opforge( \w+)?: .*(fail|error|cannot|can't|not |refus|needs|missing|nothing|no ).*", re.IGNORECASE)
 _EXCEPTION = re.compile(r"^\w*(Error|Exception|Interrupt)\b(: .*)?$")
 _ERROR_PATTERNS = [
+    re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: .*"),  # a compiler's, before opforge's "building x failed"
     _OPFORGE,
     re.compile(r"^x [\w ]+: .*"),  # a failed check of `opforge check` / `bench`
-    re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: .*"),  # a compiler's
     re.compile(r"^E\s+\w*(Error|Exception)\b.*"),  # pytest's
     _EXCEPTION,
     re.compile(r"^error: (?!subprocess-exited-with-error|metadata-generation-failed).*", re.IGNORECASE),
@@ -452,7 +452,7 @@ def run_package(p: Package, s: Setup, built: dict[str, Path], log_dir: Path) -> 
     # 5, 6. opforge check and bench with the spec file
     for name, extra in (("check", []), ("bench", ["--no-compile", "--budget", "0.2"])):
         if not p.spec:
-            row[name] = Step("n/a", 0.0, "no spec: no operator in torch.ops (pybind11 functions only)").as_dict()
+            row[name] = Step("n/a", 0.0, "no spec: it exposes no operator in torch.ops to name").as_dict()
             continue
         step = following(build, name) or (None if imported else Step("n/a", 0.0, "import failed"))
         if step is None:
@@ -510,7 +510,8 @@ def render_table(result: dict[str, Any]) -> str:
     notes = []
     for r in rows:
         for step in STEPS:
-            if r[step]["verdict"] in ("fail", "n/a") and r[step]["first_error"]:
+            cell = r[step]
+            if cell["verdict"] in ("fail", "n/a") and cell["first_error"] and not cell["first_error"].startswith(_NOT_RUN):
                 notes.append(f"- {r['name']}, {LABELS[step]} ({r[step]['verdict']}): `{_md(r[step]['first_error'])}`")
     if notes:
         lines += ["", *notes]
@@ -543,6 +544,11 @@ def write_docs(results: list[Path], docs: Path = DOCS) -> None:
 _NOT_RUN = ("build failed", "build skip", "import failed", "own install failed", "the sdist ships no tests", "no spec:")
 
 
+# What the harness itself puts before a step's first error.
+_KEPT = re.compile(r"^(time limit \(\d+ s\) reached: killed; last line: |killed by signal \d+; |[\w/]+ only, this machine: \w+; "
+                   r"|no tests collected for \w+: [^;]*$|[^;]*\d+ (passed|failed|error)[^;]*; )")  # fmt: skip
+
+
 def rescore(result: dict[str, Any], logs: Path) -> int:
     """Each failed step's first error read again from its log (``logs/<package>/<step>.log``), by the
     rules of this version of the harness; what a message says before its last "; " (a time limit, the
@@ -553,8 +559,8 @@ def rescore(result: dict[str, Any], logs: Path) -> int:
             cell, log = row[step], logs / row["name"] / f"{step}.log"
             if cell["verdict"] not in ("fail", "n/a") or cell["first_error"].startswith(_NOT_RUN) or not log.is_file():
                 continue
-            head, sep, _ = cell["first_error"].rpartition("; ")
-            new = head + sep + first_error(log.read_text(errors="replace"))
+            kept = _KEPT.match(cell["first_error"])
+            new = (kept.group(0) if kept else "") + first_error(log.read_text(errors="replace"))
             changed += new != cell["first_error"]
             cell["first_error"] = new
     return changed
