@@ -127,6 +127,8 @@ def test_steps_after_a_failed_build_are_not_applicable(field):
          "NameError: name 'v' is not defined"),
         ("opforge build: setup.py failed (exit 1) when read:\nTraceback (most recent call last):\n  File x\nKeyError: 'a'\nValueError: b\n",
          "opforge build: setup.py failed (exit 1) when read: ValueError: b"),
+        ("bench f - -: refused: fails its reference check (x)\n| f | refused |\nwarning: the machine is busy\n",
+         "bench f - -: refused: fails its reference check (x)"),
         ("nothing matched here\nlast words\n\n", "last words"),
         ("", ""),
     ],

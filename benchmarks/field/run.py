@@ -181,7 +181,8 @@ _EXCEPTION = re.compile(r"^\w*(Error|Exception|Interrupt)\b(: .*)?$")
 _ERROR_PATTERNS = [
     re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: .*"),  # a compiler's, before opforge's "building x failed"
     _OPFORGE,
-    re.compile(r"^x [\w ]+: .*"),  # a failed check of `opforge check` / `bench`
+    re.compile(r"^x [\w ]+: .*"),  # a failed check of `opforge check`
+    re.compile(r"^bench \S+ .*: refused: .*"),  # an operator `opforge bench` will not time
     re.compile(r"^E\s+\w*(Error|Exception)\b.*"),  # pytest's
     _EXCEPTION,
     re.compile(r"^error: (?!subprocess-exited-with-error|metadata-generation-failed).*", re.IGNORECASE),
