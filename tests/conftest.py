@@ -21,11 +21,13 @@ each group runs in one worker.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 # Every worker (one per core) and every process a test starts runs torch's OpenMP threads, one per
 # core: more threads than cores. By default a thread that finishes its share spins, waiting for the
@@ -140,6 +142,16 @@ def opforge_process(*args: str, cwd: Path | None = None, autoload: bool = True, 
     env |= {"PYTHONPATH": SRC, "COLUMNS": "200", **({} if autoload else {"OPFORGE_NO_AUTOLOAD": "1"})}
     cmd = [sys.executable, "-m", "opforge", *args]
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of the repository (``scripts/``, ``benchmarks/``), not a package, imported as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_configure(config) -> None:

@@ -5,7 +5,6 @@ the newest file of a family, and prose beside the tables with no figure of its o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -15,18 +14,15 @@ from types import ModuleType
 
 import pytest
 
+from .conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 GEN = ROOT / "scripts" / "gen_performance.py"
 
 
 @pytest.fixture(scope="module")
 def gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_performance", GEN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GEN, "gen_performance")
 
 
 def _timing(median_us: float, spread: float = 0.0) -> dict:
