@@ -200,6 +200,15 @@ def build_pybind_folder(
     return module
 
 
+def folder_module_name(folder: Path) -> str:
+    """The module name ``opforge build FOLDER`` gives a pybind11 folder: the folder's name, less a
+    ``-<version>`` suffix (a source distribution unpacks into NAME-VERSION), with every character a
+    C identifier cannot hold as ``_``."""
+    name = re.sub(r"-v?\d+(\.\w+)*$", "", folder.resolve().name)
+    name = re.sub(r"\W", "_", name, flags=re.ASCII)
+    return name if _IDENTIFIER.fullmatch(name) else f"_{name}"
+
+
 def pybind_folder_config(
     path: str | os.PathLike[str],
     name: str | None = None,

@@ -15,7 +15,7 @@ from opforge.builder.cmake import definitions
 from opforge.builder.config import folder_config
 from opforge.builder.discover import Layout, shown_path
 from opforge.builder.errors import BuildError
-from opforge.builder.inline import pybind_folder_config
+from opforge.builder.inline import folder_module_name, pybind_folder_config
 from opforge.builder.jit import cache_root, module_name
 
 # What a real build of each route runs of the folder's own code, as pip or cmake would.
@@ -56,7 +56,7 @@ def plan_lines(layout: Layout, route: str, *, setup_py: Path | None = None, defi
 
 def _engine_plan(folder: Path, route: str) -> list[str]:
     try:
-        cfg = pybind_folder_config(folder) if route == "pybind" else folder_config(folder)
+        cfg = pybind_folder_config(folder, folder_module_name(folder)) if route == "pybind" else folder_config(folder)
     except (BuildError, ValueError) as exc:
         return [f"    cannot be built: {exc}"]
 

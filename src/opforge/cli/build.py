@@ -92,7 +92,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
     static initializers). ``defines``: CMake cache definitions (``-D``), for
     the cmake route only; on another route a usage error says so."""
     # lazy: import time (opforge.builder.inline, 4 ms): every opforge command loads this module
-    from opforge.builder.inline import build_pybind_folder, inline, pybind_instead_of_torch_library
+    from opforge.builder.inline import build_pybind_folder, folder_module_name, inline, pybind_instead_of_torch_library
 
     try:
         layout = discover(path)
@@ -180,7 +180,7 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
                 return _registered_nothing(folder, so)
             out.print(f"{folder.name}: {so} (setuptools; loaded into torch.ops)")
         elif route == "pybind":
-            module = build_pybind_folder(folder)
+            module = build_pybind_folder(folder, folder_module_name(folder))
             names = sorted(n for n in dir(module) if not n.startswith("_"))
             out.print(f"{folder.name}: module {module.__name__} from {module.__file__}: {', '.join(names)}")
         else:
