@@ -439,7 +439,10 @@ def test_add2_tutorial_folder_cuda(tmp_path, cache, seed):
 def test_a_pybind_folder_unpacked_from_a_source_distribution_is_named_after_its_package(tmp_path, opforge_here):
     """`opforge build NAME-1.2.0` (a source distribution's folder) on the pybind route: the module is
     NAME, not a crash for a folder name that is no C identifier."""
-    source = '#include <torch/extension.h>\nint twice(int x) { return 2 * x; }\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }\n'
+    source = (
+        "#include <torch/extension.h>\nint twice(int x) { return 2 * x; }\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }\n'
+    )
     folder = _folder(tmp_path, "my-ext-1.2.0", {"ext.cpp": source})
     code, out, err = opforge_here("build", str(folder), "--dry-run")
     assert code == 0, out + err
