@@ -9,6 +9,7 @@ cache, in a new process (marked slow). The rest need no compiler.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -333,6 +334,90 @@ def test_a_library_that_does_not_load_says_the_loaders_reason_not_only_could_not
     said = str(failed.value)
     assert "Could not load this library" not in said and "undefined symbol: _ZN5mylib6helperEi" in said, said
     assert "needs_missing.so: the built library needs `mylib::helper(int)`, but none of the sources defines it" in said, said
+
+
+# --------------------------------------------------------------- a library built with -fsanitize=
+
+_SANITIZED = "int at(int* p, int i) { return p[i]; }\nint add(int a, int b) { return a + b; }\n"
+
+
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory) -> dict[str, Path]:
+    """Plain C++ built with -fsanitize= (a fraction of a second each): compiled with it and linked
+    without, as a build given the flag for its compiles only makes it (its runtime's symbols left
+    undefined); and linked with it too, as CMake makes it (libasan.so needed, which must come first)."""
+    import shutil
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    folder = tmp_path_factory.mktemp("sanitized")
+    (folder / "code.cpp").write_text(_SANITIZED)
+    made = {}
+    for name, flag, link in (("asan", "address", False), ("ubsan", "undefined", False), ("asan_linked", "address", True)):
+        so, obj = folder / f"{name}.so", folder / f"{name}.o"
+        subprocess.run([cxx, f"-fsanitize={flag}", "-fPIC", "-c", str(folder / "code.cpp"), "-o", str(obj)], check=True, timeout=120)
+        subprocess.run([cxx, "-shared", *([f"-fsanitize={flag}"] if link else []), str(obj), "-o", str(so)], check=True, timeout=120)
+        made[name] = so
+    return made
+
+
+def _preload(runtime: str) -> str:
+    return subprocess.run(["gcc", f"-print-file-name={runtime}"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+_NOTE = (
+    "the library was built with -fsanitize={flag}, whose runtime must be loaded first in the process: "
+    "run LD_PRELOAD=$(gcc -print-file-name={runtime}){options} python ..., or build without -fsanitize={flag}"
+)
+
+
+@pytest.mark.parametrize(
+    "name, flag, runtime, options",
+    [("asan", "address", "libasan.so", " ASAN_OPTIONS=detect_leaks=0"), ("ubsan", "undefined", "libubsan.so", ""),
+     ("asan_linked", "address", "libasan.so", " ASAN_OPTIONS=detect_leaks=0")],
+)  # fmt: skip
+def test_a_sanitized_library_says_its_runtime_must_be_preloaded_and_how_and_the_way_works(sanitized, name, flag, runtime, options):
+    from opforge.builder import BuildError
+    from opforge.builder.child import verify_load
+    from opforge.builder.prebuilt import load_library_file
+
+    so = sanitized[name]
+    note = _NOTE.format(flag=flag, runtime=runtime, options=options)
+    said = verify_load(so)
+    assert said is not None and said.startswith(f"loading {so.name} fails: ") and said.endswith(note), said
+    assert "a function declared but never written" not in said, said
+    # Here, in this process: a clear error (a library that needs libasan.so is refused before the
+    # loader, whose ASan would end the process), not "Could not load this library".
+    with pytest.raises(BuildError) as failed:
+        load_library_file(so)
+    assert str(failed.value).endswith(note) and "Could not load" not in str(failed.value), failed.value
+    # The way the note gives loads it.
+    env = {**os.environ, "LD_PRELOAD": _preload(runtime), **({"ASAN_OPTIONS": "detect_leaks=0"} if options else {})}
+    res = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(so)!r}); print('loaded')"], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0 and "loaded" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_OPFORGE_CXXFLAGS_fsanitize_address_builds_a_folder_that_says_how_to_load_it(tmp_path):
+    folder = write(
+        tmp_path / "asan_ops",
+        {"op.cpp": _LIB + "#include <ATen/ATen.h>\nat::Tensor twice(const at::Tensor& x) { return x * 2; }\n"
+                   'TORCH_LIBRARY(asan_ops, m) { m.def("twice(Tensor x) -> Tensor"); m.impl("twice", &twice); }\n'},
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"), "OPFORGE_NO_AUTOLOAD": "1"}
+    env |= {"OPFORGE_BUILD_CUDA": "0", "OPFORGE_CXXFLAGS": "-fsanitize=address"}
+    res = subprocess.run([sys.executable, "-m", "opforge", "build", str(folder)], env=env, capture_output=True, text=True, timeout=900)
+    line = one_line_error(res)
+    note = _NOTE.format(flag="address", runtime="libasan.so", options=" ASAN_OPTIONS=detect_leaks=0")
+    assert "undefined symbol: __asan_" in line and line.endswith(note), line
+    # Run as the note says, the library it built loads and runs.
+    so = re.search(r"(/\S+/asan_ops\.so): undefined symbol", line)[1]
+    env |= {"LD_PRELOAD": _preload("libasan.so"), "ASAN_OPTIONS": "detect_leaks=0"}
+    code = f"import torch; torch.ops.load_library({so!r}); print(torch.ops.asan_ops.twice(torch.ones(2)).tolist())"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "[2.0, 2.0]" in res.stdout, res.stdout + res.stderr
 
 
 def test_a_source_whose_name_holds_a_space_compiles_through_a_file_of_a_plain_name(tmp_path):

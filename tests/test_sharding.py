@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from opforge import sharding
 from opforge.check.run import CHECKS, check_op, check_sharding
 from opforge.check.sharding import simulated_mesh
 from opforge.nn import QQQLinear
-from opforge.spec import OpSpec, all_specs, get_specs
+from opforge.spec import OpSpec, Sample, all_specs, get_specs
 
 from .conftest import SRC, opforge_process
 
@@ -60,6 +61,15 @@ def square(x: Tensor) -> Tensor:
 
 
 square.register_fake(lambda x: torch.empty_like(x))
+
+
+# For the sharding functions that are wrong: an operator of their own, whose strategy each replaces.
+@torch.library.custom_op(f"{NS}::halve", mutates_args=())
+def halve(x: Tensor) -> Tensor:
+    return x / 2
+
+
+halve.register_fake(lambda x: torch.empty_like(x))
 
 
 # A keyword-only tensor (custom_op refuses those; torch.library.define does not).
@@ -162,6 +172,47 @@ def test_an_operator_without_strategies_is_not_applicable(seed):
     spec = opforge.spec(torch.ops.opforge_test_sharding.softsign.default, reference=lambda x: x / (1 + x.abs()))
     r = check_op(spec, CPU, seed, ["sharding"])[0]
     assert (r.status, r.note) == ("n/a", "no strategies declared")
+
+
+def _raises(x):
+    raise ValueError("no strategy for this shape")
+
+
+def _shard_7(x):
+    from torch.distributed.tensor import Shard
+
+    return [([Shard(7)], [Shard(7)])]
+
+
+_PLACEMENTS = r"placements are torch.distributed.tensor's Shard\(dim\), Replicate\(\) and Partial\(\)"
+WRONG_FUNCTIONS = {
+    "raises": (_raises, r"the sharding function raised ValueError: no strategy for this shape$"),
+    "returns None": (
+        lambda x: None,
+        r"the sharding function returned None; it must return a list of \(output placements, input placements\)$",
+    ),
+    "Shard(7) of a 2-d tensor": (
+        _shard_7,
+        r"sharding strategy 0 gives Shard\(7\) for argument x, which has 2 dimensions \(shape \[5, 6\]\)$",
+    ),
+    "strings": (lambda x: [(["S"], ["S"])], rf"the sharding function returned 'S' among strategy 0's output placements; {_PLACEMENTS}$"),
+}
+
+
+@pytest.mark.parametrize("kind", WRONG_FUNCTIONS)
+def test_a_wrong_sharding_function_is_one_line_naming_the_operator_in_the_check_and_on_dtensor(kind, seed):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    function, message = WRONG_FUNCTIONS[kind]
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(seed))
+    samples = lambda device, dtype, gen: [Sample((x.to(device, dtype),), desc="5x6")]  # noqa: E731
+    spec = _registered(torch.ops.opforge_test_sharding.halve.default, reference=lambda x: x / 2, samples=samples, sharding=function)
+    r = check_sharding(spec, CPU, seed)
+    assert (r.status, r.tag, len(r.failures)) == ("fail", "spec", 1), r.failures
+    assert re.match(f"opforge_test_sharding::halve: {message}", r.failures[0]), r.failures[0]
+    # DTensor calls the same function as the operator runs: its error names the operator too.
+    with simulated_mesh(2) as mesh, pytest.raises(RuntimeError, match=f"opforge_test_sharding::halve: {message.rstrip('$')}"):
+        torch.ops.opforge_test_sharding.halve(distribute_tensor(x, mesh, [Shard(0)]))
 
 
 def test_a_keyword_only_tensor_keeps_its_placement_and_the_others_come_to_it(seed):

@@ -33,7 +33,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -131,9 +131,52 @@ def pointwise_rows(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any], *,
     return rows
 
 
+class DeclarationError(ValueError):
+    """A sharding function that raised, or returned what is not strategies: the message names the
+    operator and what is wrong, for ``opforge check`` and for DTensor, which calls it at run time."""
+
+
+_PLACEMENTS = "placements are torch.distributed.tensor's Shard(dim), Replicate() and Partial()"
+
+
+def _placements(spec: OpSpec, k: int, what: str, given: Any) -> tuple[Any, ...]:
+    """Strategy ``k``'s output or input placements as a tuple, each a Placement or None."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding); a strategy runs after DTensor's import
+    from torch.distributed.tensor.placement_types import Placement
+
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        raise DeclarationError(
+            f"{spec.qualname}: sharding strategy {k} gives {given!r:.60} as its {what} placements; "
+            f"they must be a list, one per {'output' if what == 'output' else 'argument'}"
+        )
+    for p in given:
+        if p is not None and not isinstance(p, Placement):
+            raise DeclarationError(
+                f"{spec.qualname}: the sharding function returned {p!r:.60} among strategy {k}'s {what} placements; {_PLACEMENTS}"
+            )
+    return tuple(given)
+
+
+def _check_dims(spec: OpSpec, k: int, ins: tuple[Any, ...], by_pos: list[Any]) -> None:
+    """Every Shard(d) of a tensor argument names one of its dimensions."""
+    # lazy: import time (torch.distributed.tensor, 0.75 s, only for sharding)
+    from torch.distributed.tensor import Shard
+
+    names = [a.name for a in spec.schema.arguments]
+    for i, p in enumerate(ins):
+        if isinstance(p, Shard) and _is_spec(by_pos[i]) and not -by_pos[i].ndim <= p.dim < by_pos[i].ndim:
+            n = by_pos[i].ndim
+            raise DeclarationError(
+                f"{spec.qualname}: sharding strategy {k} gives Shard({p.dim}) for argument {names[i]}, "
+                f"which has {n} dimension{'' if n == 1 else 's'} (shape {list(by_pos[i].shape)})"
+            )
+
+
 def declared_rows(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Row]:
     """The spec's strategies for one call (tensors given as DTensor specs), each
-    ``(output placements, input placements by schema argument)``, checked for shape."""
+    ``(output placements, input placements by schema argument)``, checked for shape.
+    Raises DeclarationError, naming the operator, where its function raises or returns
+    what is not strategies."""
     decl = spec.sharding
     if decl is None:
         return []
@@ -141,23 +184,37 @@ def declared_rows(spec: OpSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> 
         return pointwise_rows(spec, args, kwargs, linear=decl == POINTWISE_LINEAR)
     n_args = len(spec.schema.arguments)
     n_out = _tensor_returns(spec)
+    try:
+        returned = decl(*args, **kwargs)
+    except Exception as exc:  # the user's function: said as such, naming the operator
+        first = str(exc).strip().splitlines()
+        raise DeclarationError(
+            f"{spec.qualname}: the sharding function raised {type(exc).__name__}{': ' + first[0] if first else ''}"
+        ) from exc
+    if isinstance(returned, (str, bytes)) or not isinstance(returned, Iterable):
+        raise DeclarationError(
+            f"{spec.qualname}: the sharding function returned {returned!r:.60}; "
+            "it must return a list of (output placements, input placements)"
+        )
+    by_pos = by_position(spec, args, kwargs)
     rows: list[Row] = []
-    for k, entry in enumerate(decl(*args, **kwargs)):
+    for k, entry in enumerate(returned):
         try:
             outs, ins = entry
         except (TypeError, ValueError):
-            raise ValueError(
+            raise DeclarationError(
                 f"{spec.qualname}: sharding strategy {k} must be a pair (output placements, input placements), got {entry!r:.80}"
             ) from None
-        outs, ins = tuple(outs), tuple(ins)
+        outs, ins = _placements(spec, k, "output", outs), _placements(spec, k, "input", ins)
         if len(outs) != n_out:
-            raise ValueError(
+            raise DeclarationError(
                 f"{spec.qualname}: sharding strategy {k} gives {len(outs)} output placements, the schema has {n_out} outputs: {outs}"
             )
         if len(ins) > n_args:
-            raise ValueError(
+            raise DeclarationError(
                 f"{spec.qualname}: sharding strategy {k} gives {len(ins)} input placements, the schema has {n_args} arguments: {ins}"
             )
+        _check_dims(spec, k, ins, by_pos)
         rows.append((outs, ins + (None,) * (n_args - len(ins))))
     return rows
 
@@ -353,6 +410,7 @@ def ensure_registered() -> None:
 __all__ = [
     "POINTWISE",
     "POINTWISE_LINEAR",
+    "DeclarationError",
     "by_position",
     "declared_rows",
     "describe",

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opforge.builder.errors import sanitizer_note
 from opforge.builder.symbols import undefined_symbol_error
 
 #: A load runs the library's static initializers and imports torch: seconds, a minute on a loaded machine.
@@ -208,6 +209,9 @@ def load_failure(stderr: str, returncode: int, path: Path, sources: Sequence[Pat
         else:
             message = lines[-1] if lines else f"exit status {returncode}"
     message = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", message)
+    if note := sanitizer_note("\n".join(lines)):
+        said = "" if "runtime does not come first" in message else f"{message}; "  # the note says it
+        return f"loading {path.name} fails: {said}{note}"
     if explained := undefined_symbol_error(path.name, message, (), root=root, sources=sources):
         return f"loading {path.name} fails on an undefined symbol: {str(explained).removeprefix(f'opforge: {path.name}: ')}"
     text = "\n".join(lines)

@@ -14,9 +14,54 @@ class BuildError(RuntimeError):
 def load_reason(exc: BaseException) -> str:
     """Why a library did not load, in the dynamic loader's words: torch's
     ``load_library`` says only "Could not load this library: PATH" and keeps
-    the loader's own message (an undefined symbol, a missing libc10.so) as the cause."""
+    the loader's own message (an undefined symbol, a missing libc10.so) as the
+    cause; and, for a library built with ``-fsanitize=``, how to load it."""
     cause = exc.__cause__
-    return str(cause) if isinstance(cause, OSError) and str(cause) else str(exc)
+    reason = str(cause) if isinstance(cause, OSError) and str(cause) else str(exc)
+    note = sanitizer_note(reason)
+    return f"{reason}; {note}" if note else reason
+
+
+# A sanitizer's instrumentation calls into its runtime (__asan_*, __ubsan_*), which python does not
+# load and which must come first in the process: the loader says only that a symbol is undefined.
+_SANITIZER = re.compile(r"\b__(asan|ubsan|tsan|lsan)_\w+|\b(ASan|UBSan|TSan|LSan) runtime does not come first")
+_RUNTIMES = {"asan": ("address", "libasan.so"), "ubsan": ("undefined", "libubsan.so"), "tsan": ("thread", "libtsan.so"),
+             "lsan": ("leak", "liblsan.so")}  # fmt: skip
+
+
+def runtime_not_first(needed: tuple[str, ...]) -> str | None:
+    """The note for a library that links a sanitizer's runtime (DT_NEEDED ``needed``)
+    which must come first in the process and is not loaded in this one: loading it
+    here would end the process (ASan: "runtime does not come first"); else None."""
+    for kind, tag in (("asan", "ASan"), ("tsan", "TSan")):
+        runtime = _RUNTIMES[kind][1]
+        if any(n.startswith(runtime) for n in needed) and not _loaded_here(runtime):
+            return sanitizer_note(f"{tag} runtime does not come first")
+    return None
+
+
+def _loaded_here(runtime: str) -> bool:
+    try:
+        return f"/{runtime}" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return True  # cannot tell: leave it to the loader
+
+
+def sanitizer_note(text: str) -> str | None:
+    """How to load a library built with ``-fsanitize=`` (OPFORGE_CXXFLAGS, or a
+    build's own flags), where ``text`` (a loader's message, a load's output)
+    shows that its sanitizer's runtime is missing; else None."""
+    m = _SANITIZER.search(text)
+    if m is None:
+        return None
+    kind = (m[1] or m[2]).lower()
+    flag, runtime = _RUNTIMES[kind]
+    # LeakSanitizer (part of ASan) would report python's own allocations, never freed, at exit.
+    options = " ASAN_OPTIONS=detect_leaks=0" if kind == "asan" else ""
+    return (
+        f"the library was built with -fsanitize={flag}, whose runtime must be loaded first in the process: "
+        f"run LD_PRELOAD=$(gcc -print-file-name={runtime}){options} python ..., or build without -fsanitize={flag}"
+    )
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import torch
 from opforge.builder import stable, toolchain
 from opforge.builder.child import verify_load
 from opforge.builder.discover import CUDA_SUFFIXES
-from opforge.builder.errors import BuildError, explain_build_failure
+from opforge.builder.errors import BuildError, explain_build_failure, load_reason, sanitizer_note
 from opforge.builder.pch import Pch, precompiled_header
 from opforge.builder.progress import Progress
 from opforge.builder.recipe import BuildConfig, Library
@@ -99,7 +99,12 @@ def load_library(cfg: BuildConfig, *, quiet: bool = False, verify: bool = False)
     if verify:  # first: what the library does alone, then what it would clash with here
         verify_first_load(cfg, lib.path)
     refuse_clashes(lib.path)
-    torch.ops.load_library(str(lib.path))
+    try:
+        torch.ops.load_library(str(lib.path))
+    except OSError as exc:
+        if sanitizer_note(reason := load_reason(exc)):  # OPFORGE_CXXFLAGS=-fsanitize=...: said, with the way to load it
+            raise BuildError(f"opforge: {cfg.name}: built, but loading {lib.path.name} fails: {reason}") from exc
+        raise
     return lib
 
 

@@ -12,6 +12,7 @@ now, with CUDA kernels for the GPUs here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import json
@@ -26,12 +27,12 @@ import torch
 from opforge import nvml
 from opforge.builder.archs import arch_covered
 from opforge.builder.config import library_config, want_cuda
-from opforge.builder.errors import BuildError, load_reason
+from opforge.builder.errors import BuildError, load_reason, runtime_not_first, sanitizer_note
 from opforge.builder.jit import BuildConfig, Library, check_safe_to_load, load_library
 from opforge.builder.registrations import refuse_clashes, torch_library_registrations
 from opforge.builder.stable import parse_target
 from opforge.builder.symbols import undefined_symbol_error
-from opforge.elf_symbols import ElfError, check_complete, demangle
+from opforge.elf_symbols import ElfError, check_complete, demangle, read_dynamic_symbols
 
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;
 #: or the path of a library built by another route (CMake), loaded as opforge's own.
@@ -47,7 +48,7 @@ def explain_load_error(path: Path, message: str) -> str:
             f"{path.name} needs torch's own libraries (libc10.so, libtorch*.so), which are found only once torch is "
             "imported: `import torch` before loading it (opforge.load_library does), or build it with an rpath to torch/lib"
         )
-    if "undefined symbol" in message:
+    if "undefined symbol" in message and not sanitizer_note(message):  # a sanitizer's runtime: load_reason says so
         mangled = message.rsplit("undefined symbol:", 1)[-1].strip().split(",")[0].strip()
         symbol = demangle([mangled]).get(mangled, mangled)
         if not symbol.startswith(("c10::", "at::", "torch::", "caffe2::", "_ZN3c10", "_ZN2at", "_ZN5torch")):
@@ -83,6 +84,9 @@ def load_library_file(path: str | Path) -> Path:
         raise BuildError(f"opforge: no library at {p}")
     check_safe_to_load(p, in_cache=False)
     check_mappable(p)
+    with contextlib.suppress(ElfError):  # unreadable: the loader says why
+        if note := runtime_not_first(read_dynamic_symbols(p, reader="elf").needed):
+            raise BuildError(f"opforge: could not load {p}: {note}")
     refuse_clashes(p)
     try:
         torch.ops.load_library(str(p))

@@ -15,7 +15,7 @@ import torch
 
 from opforge.builder.binding import strip_comments
 from opforge.builder.cuda_flag import build_cuda_flag
-from opforge.builder.errors import BuildError
+from opforge.builder.errors import BuildError, sanitizer_note
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -36,7 +36,7 @@ def undefined_symbol_error(
     ``failure`` is about something else.
     ``macro``: what the build defines only with CUDA, for a CPU path ("" for none)."""
     symbol = _undefined_symbol(failure)
-    if symbol is None:
+    if symbol is None or sanitizer_note(symbol):  # a sanitizer's runtime, not a function left out: load_reason says
         return None
     callers = [s for s in referred_in(symbol, sources) if s not in left_out]
     called = f" (called in {', '.join(_shown(p, root) for p in callers)})" if callers else ""

@@ -220,6 +220,8 @@ def sharding_check(spec: OpSpec, device: torch.device, seed: int, CheckResult: C
         undeclared = search_undeclared(spec, samples, gen)
     except Unavailable as exc:
         return CheckResult(spec.name, "sharding", "n/a", note=str(exc))
+    except sharding.DeclarationError as exc:  # the declaration itself is wrong: one line, whatever the sample
+        return CheckResult(spec.name, "sharding", "fail", count=1, failures=[str(exc)], tag="spec")
     except _TooMany as exc:
         res.note = f"undeclared strategies not searched ({exc.args[0]} combinations of input placements)"
     else:
@@ -256,12 +258,7 @@ def _check_sample(res: CheckResult, spec: OpSpec, sample: Sample, dtype: torch.d
     positions = sharding.tensor_positions(spec, spec_args, spec_kwargs)
     spec_by_pos = sharding.by_position(spec, spec_args, spec_kwargs)
     where = f"{spec.name} [{sample.desc}], {ranks} ranks"
-    try:
-        rows = sharding.declared_rows(spec, spec_args, spec_kwargs)
-    except Exception as exc:  # noqa: BLE001 - the declaration itself is wrong
-        res.failures.append(f"{where}: the sharding declaration raised {type(exc).__name__}: {exc}")
-        return
-    for outs, ins in rows:
+    for outs, ins in sharding.declared_rows(spec, spec_args, spec_kwargs):
         if not _shardable(spec_by_pos, ins, positions, ranks):
             continue  # DTensor does not offer it at this size
         res.count += 1
