@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 import opforge
-from opforge.builder.child import popen
+from opforge.builder.child import end_children, popen
 from opforge.check.run import check_op
 from opforge.check.steps import CheckResult, device_healthy, watching
 from opforge.check.values import poisoned_allocations
@@ -183,7 +183,6 @@ class _Child:
             pass_fds=(job.fd if job is not None else fd,),
             env=env,
         )
-        _LIVE.add(self)
         if job is not None:
             assert self.proc.stdin is not None
             try:
@@ -219,16 +218,7 @@ class _Child:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             self.proc.kill()
-        self.wait()
-
-    def wait(self) -> int:
-        returncode = self.proc.wait()
-        _LIVE.discard(self)
-        return returncode
-
-
-# The children running now, in every thread of run_checks.
-_LIVE: set[_Child] = set()
+        self.proc.wait()
 
 
 def check_workers(n_specs: int) -> int:
@@ -288,7 +278,7 @@ def trial_load(target: str, time_limit: float = DEFAULT_TIME_LIMIT_S) -> LoadCra
             raise
         finally:
             os.close(read_fd)
-        returncode = child.wait()
+        returncode = child.proc.wait()
         if not ready and not timed_out:
             return None  # it could not start: the load here goes on as without it
         if timed_out:
@@ -354,8 +344,7 @@ def run_checks(
         except BaseException:
             # Interrupted here (Ctrl-C reaches the main thread only): the other threads' children too,
             # each of which leads a process group of its own, out of the terminal's reach.
-            for child in list(_LIVE):
-                child.kill()
+            end_children()
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -446,7 +435,7 @@ def _run_children(
             raise
         finally:
             os.close(read_fd)
-        returncode = child.wait()
+        returncode = child.proc.wait()
         if not pending:
             break
         if not ready:
