@@ -22,6 +22,7 @@ import torch
 
 import opforge
 from opforge.bench.run import bench_op, input_sets
+from opforge.check.reference import run_reference
 from opforge.check.run import check_op, check_reference
 from opforge.check.values import difference, measure_error
 from opforge.derive import DeriveError
@@ -466,6 +467,26 @@ def test_bench_keeps_index_inputs_as_declared_and_still_refuses_a_wrong_kernel(s
     assert rows and all(r.status == "ok" and r.timings.get("opforge") for r in rows), [r.status for r in rows]
     wrong = bench_op(opforge.spec(OPS.segment_sum_wrong.default, **fields), CPU, seed=seed, budget_s=0.01, compile=False)
     assert len(wrong) == 1 and wrong[0].status.startswith("refused: fails its reference check"), wrong[0].status
+
+
+def _segment_reference_backwards(values, offsets):
+    return _segment_reference(values.flip(0), (offsets[-1] - offsets).flip(0)).flip(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_largest_finite_values_meeting_in_one_sum_are_no_false_alarm_and_a_wrong_sum_still_fails(dtype):
+    # One segment holds +max, -max and an ordinary value: summed forwards it is the ordinary value,
+    # backwards 0 (float64 rounds it away beside max). Neither order is wrong; the other segment is exact.
+    big, small = torch.finfo(dtype).max, float(torch.rand(()) + 0.25)
+    values = torch.tensor([big, -big, small, 1.5, -0.75, 2.0], dtype=dtype)
+    sample = Sample((values, torch.tensor([0, 3, 6])), {}, "max meets an ordinary value")
+    fields = {"reference": _segment_reference_backwards, "samples": _segment_samples, "bench_cases": _segment_samples}
+    spec = opforge.spec(OPS.segment_sum.default, **fields)
+    assert run_reference(spec, sample, dtype) is not None  # the ordinary tolerance calls it off
+    assert run_reference(spec, sample, dtype, special=True) is None
+    wrong = opforge.spec(OPS.segment_sum_wrong.default, **fields)
+    problem = run_reference(wrong, sample, dtype, special=True)
+    assert problem is not None and "1/2 elements off" in problem and "first at [1]" in problem, problem
 
 
 def test_input_sets_move_floating_values_only():

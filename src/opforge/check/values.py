@@ -86,6 +86,7 @@ def measure_error(
     subnormals: bool = False,
     strict: bool = False,
     own: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> ErrorStats:
     """Errors of ``out`` against ``ref``; an element is bad past ``atol + rtol * |ref|``.
     NaN where the reference is NaN matches, and so does an Inf equal to the
@@ -109,6 +110,11 @@ def measure_error(
     that matches it is not bad (eager torch in float32 overflows x1*c - x2*s near
     float32's largest value to inf - inf = NaN, where float64 gives +-Inf).
 
+    ``scale``: the size of the terms behind each element (``magnitude_reference``),
+    for the samples holding special values: a finite element within ``rtol``
+    of it matches, since float64's own rounding of such terms moves the result
+    that much whatever the order of operations.
+
     Complex outputs are compared in complex128 (the error is the modulus of the difference)."""
     if out.numel() == 0:
         return ErrorStats(0.0, 0.0, 0, 0, None)
@@ -128,6 +134,8 @@ def measure_error(
             bound = torch.where(subnormal, torch.minimum(bound, rtol * r.abs() + 2 * fi.tiny * fi.eps), bound)
             if strict:
                 wrong_sign = (o == 0) & (r == 0) & (torch.signbit(o) != torch.signbit(r))
+    if scale is not None:
+        bound = torch.maximum(bound, rtol * scale.detach().to(device=o.device, dtype=torch.float64))
     good = _matches(o, r, r_out, bound)
     if own is not None:
         w = own.detach().to(device=o.device, dtype=wide)
