@@ -109,6 +109,7 @@ def magnitude_reference(
             out = spec.reference(*args, **kwargs)
     except Exception:  # noqa: BLE001 - a reference defined for signed inputs only: no scale, the usual tolerance
         return None
+
     def size(t: torch.Tensor) -> torch.Tensor:
         if t.is_floating_point() or t.is_complex():
             return t.abs().to(torch.float64).nan_to_num(nan=0.0)
