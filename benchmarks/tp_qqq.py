@@ -5,7 +5,7 @@
 The MLP: QQQLinear d -> h, opforge.sigmoid, QQQLinear h -> d (d = 4096, h = 11008 by default,
 per-channel or group_size 128), input [M, d] float16. One GPU: the MLP as it is, on rank 0 (the
 other rank waits). TP-2: the first layer column-parallel and the second row-parallel
-(opforge.parallel), the input replicated, the output all-reduced (one all-reduce of [M, d] per
+(opforge.tensor_parallel), the input replicated, the output all-reduced (one all-reduce of [M, d] per
 MLP; the row-parallel layer's per-token scales take one small all-reduce of [M] more). Both
 checked against each other before timing (TP-2 within a float16 rounding of one GPU).
 
@@ -111,7 +111,7 @@ def main() -> int:
     from torch.distributed.tensor.parallel import RowwiseParallel as TorchRowwise
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from opforge.parallel import ColwiseParallel, RowwiseParallel
+    from opforge.tensor_parallel import ColwiseParallel, RowwiseParallel
 
     local_rank = int(os.environ["LOCAL_RANK"])
     if args.device == "cuda":

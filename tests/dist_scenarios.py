@@ -172,11 +172,11 @@ def tp_mlp_sigmoid_compiled(device: torch.device) -> None:
 
 @scenario
 def tp_qqq_pair(device: torch.device) -> None:
-    """Column- then row-parallel QQQLinear (opforge.parallel) against the one-device W4A8 MLP."""
+    """Column- then row-parallel QQQLinear (opforge.tensor_parallel) against the one-device W4A8 MLP."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from opforge.parallel import ColwiseParallel, RowwiseParallel
+    from opforge.tensor_parallel import ColwiseParallel, RowwiseParallel
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))

@@ -14,7 +14,8 @@ from opforge.bench import ceilings
 from opforge.bench import run as bench
 from opforge.bench.run import BenchReport, BenchRow, Timing, compare, input_sets, repeat_until_stable
 from opforge.check.run import generator
-from opforge.spec import Sample, all_specs
+from opforge.opspec import Sample
+from opforge.registry import all_specs
 
 
 def test_timing_statistics():
@@ -471,7 +472,7 @@ def test_the_cli_says_when_a_beaten_ceiling_is_raised_and_keeps_the_higher_one(t
 def test_on_a_gpu_a_ceiling_that_a_result_beats_is_measured_again_and_raised(tmp_path, monkeypatch):
     # The same path as the CPU's, with the GPU's own measure (CUDA events, 1 GiB copy, 8192^3 matmuls):
     # a cached copy ceiling of 1 GB/s is beaten by any kernel, measured again and raised.
-    from opforge.spec import get_specs
+    from opforge.registry import get_specs
 
     monkeypatch.setattr(ceilings, "cache_root", lambda: tmp_path)
     cuda = torch.device("cuda")

@@ -26,7 +26,8 @@ from opforge.check.run import (
     with_special_values,
 )
 from opforge.check.values import special_values
-from opforge.spec import OpSpec, get_specs, register
+from opforge.opspec import OpSpec
+from opforge.registry import get_specs, register
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wrong_ops" / "wrong_ops.cpp"
 WRONG = ["add_missing_tail", "add_off_by_one", "add_clobbers_input", "add_unchecked", "add_f64_via_f32", "add_nan_to_zero"]

@@ -26,7 +26,8 @@ from opforge.check.reference import run_reference
 from opforge.check.run import check_op, check_reference
 from opforge.check.values import difference, measure_error
 from opforge.derive import DeriveError
-from opforge.spec import Sample, SpecError
+from opforge.opspec import Sample, SpecError
+from opforge.registry import wire
 
 PLANTED = Path(__file__).parent / "fixtures" / "planted_ops"
 sys.path.insert(0, str(PLANTED))
@@ -314,7 +315,7 @@ def test_aten_argmax_passes_check_and_bench_with_its_gradient_checks_not_applica
         assert results[check].status == "n/a"
         assert results[check].note.startswith("no floating output (returns int64 only)"), results[check].note
     assert results["compile"].status == "pass" and "backward not run" in results["compile"].note
-    spec._register()  # its public function, which bench times
+    wire(spec)  # its public function, which bench times
     rows = bench_op(spec, CPU, seed=seed, budget_s=0.01, compile=False)
     assert rows and all(r.status == "ok" and r.timings.get("opforge") for r in rows), [r.status for r in rows]
 
@@ -325,7 +326,7 @@ def test_aten_argmax_passes_check_and_bench_on_cuda(seed):
     spec = opforge.spec(torch.ops.aten.argmax.default, reference=torch.argmax)
     results = check_op(spec, cuda, seed, ("reference", "gradcheck", "gradgradcheck", "compile", "export"))
     assert all(r.status != "fail" for r in results), [(r.check, r.failures) for r in results]
-    spec._register()
+    wire(spec)
     rows = bench_op(spec, cuda, seed=seed, budget_s=0.01, compile=False, dtypes=(torch.float32,))
     assert rows and all(r.status == "ok" for r in rows), [r.status for r in rows]
 
@@ -462,7 +463,7 @@ def test_bench_keeps_index_inputs_as_declared_and_still_refuses_a_wrong_kernel(s
         "dtypes": ("float32", "float64"),
     }
     spec = opforge.spec(OPS.segment_sum.default, **fields)
-    spec._register()  # its public function, which bench times
+    wire(spec)  # its public function, which bench times
     rows = bench_op(spec, CPU, seed=seed, budget_s=0.01, compile=False)
     assert rows and all(r.status == "ok" and r.timings.get("opforge") for r in rows), [r.status for r in rows]
     wrong = bench_op(opforge.spec(OPS.segment_sum_wrong.default, **fields), CPU, seed=seed, budget_s=0.01, compile=False)

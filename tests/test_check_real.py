@@ -30,8 +30,9 @@ from opforge.check.run import (
     generator,
     to_reference,
 )
+from opforge.opspec import Sample
 from opforge.project import load_spec_file
-from opforge.spec import Sample, get_specs
+from opforge.registry import get_specs
 
 from .conftest import SRC, opforge_process
 

@@ -154,7 +154,7 @@ def test_check_seeds_and_report(opforge_here):
     import torch
 
     from opforge.check.run import with_special_values
-    from opforge.spec import get_specs
+    from opforge.registry import get_specs
 
     (spec,) = get_specs(["square"])
     gen = torch.Generator().manual_seed(0)

@@ -9,7 +9,7 @@ import torch
 
 import opforge
 from opforge.check.run import generator
-from opforge.spec import get_specs
+from opforge.registry import get_specs
 
 from .conftest import DEVICES
 

@@ -24,7 +24,7 @@ import opforge.export
 from opforge.check.export import check_export
 from opforge.check.run import CHECK_FUNCTIONS, CHECKS
 from opforge.check.values import tensors
-from opforge.spec import all_specs
+from opforge.registry import all_specs
 
 from .conftest import DEVICES
 

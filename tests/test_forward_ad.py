@@ -12,7 +12,7 @@ import torch.autograd.forward_ad as fwad
 
 import opforge
 from opforge.check.run import check_gradcheck, generator
-from opforge.spec import all_specs, get_specs
+from opforge.registry import all_specs, get_specs
 
 from .conftest import DEVICES
 

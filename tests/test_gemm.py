@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import opforge
 from opforge.check.run import generator, measure_error, poisoned_allocations
 from opforge.ops.gemm import GPU_BENCH, make_operands, tolerance
-from opforge.spec import get_specs
+from opforge.registry import get_specs
 
 from .conftest import DEVICES
 

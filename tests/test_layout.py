@@ -9,7 +9,7 @@ import torch
 
 import opforge.ops
 from opforge.builder import csrc_dir
-from opforge.spec import all_specs
+from opforge.registry import all_specs
 
 
 def test_every_op_folder_has_a_spec_module_and_back():

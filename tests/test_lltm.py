@@ -17,7 +17,7 @@ import torch
 import opforge
 from opforge.check.run import generator, measure_error
 from opforge.ops.lltm import TOLERANCES, backward_args, make_cell, reference_backward, reference_forward
-from opforge.spec import get_specs
+from opforge.registry import get_specs
 
 from .conftest import DEVICES, cache_with_library
 

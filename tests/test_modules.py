@@ -386,11 +386,14 @@ TOP_LEVEL = {
     "opforge.public": "an operator's public function: the fast path, else the dispatcher",
     "opforge.nn": "torch.nn modules over the operators",
     "opforge.nvml": "the GPU's clocks and name, without CUDA",
-    "opforge.parallel": "tensor-parallel styles for the quantised linear",
+    "opforge.opspec": "OpSpec, the one description of an operator (imports nothing of opforge)",
+    "opforge.parallel": "the older import path of opforge.tensor_parallel",
     "opforge.project": "opforge new's packages and users' spec files",
     "opforge.quant": "W4A8 weight and activation quantisation",
-    "opforge.sharding": "DTensor sharding strategies from a spec",
-    "opforge.spec": "OpSpec, the one description of an operator",
+    "opforge.registry": "the specs registered, each wired to its fake kernel, autograd, public function, sharding",
+    "opforge.sharding_strategies": "DTensor sharding strategies from a spec",
+    "opforge.spec_path": "the older import path opforge.spec (opforge.spec is the function)",
+    "opforge.tensor_parallel": "tensor-parallel styles for the quantised linear",
 }
 
 

@@ -12,7 +12,7 @@ import torch
 
 import opforge
 from opforge.check.run import check_bad_inputs, check_compile, check_gradcheck, check_opcheck, generator, run_reference
-from opforge.spec import all_specs
+from opforge.registry import all_specs
 
 from .conftest import DEVICES, SRC
 

@@ -12,7 +12,7 @@ import torch
 
 import opforge
 from opforge.check.run import generator
-from opforge.spec import all_specs
+from opforge.registry import all_specs
 
 from .conftest import DEVICES
 

@@ -17,6 +17,7 @@ import torch
 from rich.console import Console
 
 from opforge.cli import profile as profile_cli
+from opforge.opspec import Sample
 from opforge.profile import run as profile
 from opforge.profile.run import (
     METRICS,
@@ -32,7 +33,7 @@ from opforge.profile.run import (
     select_case,
     short_kernel_name,
 )
-from opforge.spec import Sample, get_specs
+from opforge.registry import get_specs
 
 _HEAD = (
     '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'

@@ -22,7 +22,7 @@ from opforge.quant import (
     quantize_weight_w4,
     unpack_int4,
 )
-from opforge.spec import get_specs
+from opforge.registry import get_specs
 
 from .conftest import DEVICES
 

@@ -11,7 +11,7 @@ import torch
 import opforge  # noqa: F401 - registers the library's specs
 from opforge.check.run import fake_call
 from opforge.ops import _rules as rules
-from opforge.spec import all_specs
+from opforge.registry import all_specs
 
 _LIBRARY = sorted((s for s in all_specs() if s.namespace == "opforge"), key=lambda s: s.name)
 _CASES = [pytest.param(s, b, id=f"{s.name}[{b.desc}]") for s in _LIBRARY for b in s.bad_inputs(torch.device("cpu")) if b.traced]

@@ -1,6 +1,6 @@
-"""Operators on DTensor: the strategies each spec declares (opforge.sharding), the sharding
+"""Operators on DTensor: the strategies each spec declares (opforge.sharding_strategies), the sharding
 check on a simulated mesh (opforge.check.sharding), users' declarations, and tensor-parallel
-QQQLinear (opforge.parallel), all on the CPU in this process (LocalTensorMode). The same
+QQQLinear (opforge.tensor_parallel), all on the CPU in this process (LocalTensorMode). The same
 through real processes (gloo, and NCCL on two GPUs) is in test_distributed.py."""
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import torch
 from torch import Tensor
 
 import opforge
-from opforge import sharding
-from opforge.check.run import CHECKS, check_op, check_sharding
-from opforge.check.sharding import simulated_mesh
+from opforge import sharding_strategies
+from opforge.check.run import CHECKS, check_op
+from opforge.check.sharding import check_sharding, simulated_mesh
 from opforge.nn import QQQLinear
-from opforge.spec import OpSpec, Sample, all_specs, get_specs
+from opforge.opspec import OpSpec, Sample
+from opforge.registry import all_specs, get_specs
 
 from .conftest import SRC, opforge_process
 
@@ -82,7 +83,7 @@ def _registered(op, **fields) -> OpSpec:
     """A spec whose strategies DTensor has (as registering it gives them), kept out of opforge's
     registry: other tests list every registered operator."""
     made = opforge.spec(op, **fields)
-    sharding.register(made)
+    sharding_strategies.register(made)
     return made
 
 
@@ -121,8 +122,8 @@ def test_dtensor_imported_before_opforge_gets_the_strategies_at_once():
 def test_a_torch_without_distributed_gets_no_strategies_and_the_check_says_so(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
     spec = opforge.spec(torch.ops.opforge_test_sharding.softsign.default, reference=lambda x: x, sharding="pointwise")
-    sharding.register(spec)  # nothing to register with: no error
-    assert spec not in sharding._pending
+    sharding_strategies.register(spec)  # nothing to register with: no error
+    assert spec not in sharding_strategies._pending
     r = check_sharding(spec, CPU, 0)
     assert (r.status, r.note) == ("n/a", "torch built without distributed")
 
@@ -132,7 +133,7 @@ def test_a_sharding_that_is_neither_a_word_nor_a_function_is_refused_naming_the_
     with pytest.raises(
         ValueError, match=r"opforge_test_sharding::softsign: sharding must be 'pointwise' or 'pointwise-linear'.*'elementwise'"
     ):
-        sharding.validate(spec)
+        sharding_strategies.validate(spec)
 
 
 # --- the sharding check ---
@@ -275,7 +276,7 @@ def test_lltm_backward_output_mask_is_part_of_dtensors_cache_key(seed):
 def test_a_user_operator_declared_pointwise_runs_on_dtensor_forward_and_backward(seed):
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    assert sharding.registered(SOFTSIGN.qualname) or "torch.distributed.tensor" not in sys.modules
+    assert sharding_strategies.registered(SOFTSIGN.qualname) or "torch.distributed.tensor" not in sys.modules
     r = check_sharding(SOFTSIGN, CPU, seed)
     assert r.status == "pass", r.failures
     x = torch.randn(5, 7, generator=torch.Generator().manual_seed(seed))
@@ -323,7 +324,7 @@ def test_a_column_then_row_parallel_pair_of_qqq_linears_equals_one_device(group_
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from opforge.parallel import ColwiseParallel, RowwiseParallel
+    from opforge.tensor_parallel import ColwiseParallel, RowwiseParallel
 
     one = _qqq_mlp(group_size, bias, seed)
     x = torch.randn(3, 5, 256, generator=torch.Generator().manual_seed(seed), dtype=torch.float16)
@@ -368,7 +369,7 @@ def test_row_parallel_quantises_with_the_whole_rows_scales(seed):
 def test_qqq_linears_that_do_not_split_evenly_are_refused_naming_the_sizes():
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from opforge.parallel import ColwiseParallel, RowwiseParallel
+    from opforge.tensor_parallel import ColwiseParallel, RowwiseParallel
 
     layer = QQQLinear(96, 96)
     with simulated_mesh(2) as mesh:

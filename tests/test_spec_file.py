@@ -14,8 +14,9 @@ from torch import Tensor
 import opforge
 from opforge.check.run import check_gradcheck, check_op
 from opforge.derive import BENCH_SIZES, DeriveError, describe
+from opforge.opspec import DEFAULT_TOLERANCES, OpSpec
 from opforge.project import ProjectError, load_spec_file
-from opforge.spec import DEFAULT_TOLERANCES, OpSpec
+from opforge.registry import wire
 
 from .conftest import opforge_process
 
@@ -280,7 +281,7 @@ def test_an_unknown_operator_is_named():
 def test_a_derived_spec_registers_nothing_over_the_owners():
     s = _muladd_spec()
     before = torch._C._dispatch_dump(f"{NS}::muladd")
-    s._register()
+    wire(s)
     assert torch._C._dispatch_dump(f"{NS}::muladd") == before
     assert s.differentiable
     x = torch.randn(4, requires_grad=True)

@@ -34,8 +34,8 @@ import opforge
 from opforge.bench.run import Timer, input_sets
 from opforge.check.run import generator
 from opforge.ops.qqq_gemm import make_args
+from opforge.opspec import Sample
 from opforge.quant import dequantize_weight_w4
-from opforge.spec import Sample
 
 
 def main() -> None:

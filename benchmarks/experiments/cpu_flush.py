@@ -32,7 +32,7 @@ import torch
 
 import opforge
 from opforge.bench.timing import Timer, input_sets
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]
 

@@ -26,7 +26,7 @@ import torch
 
 from opforge.bench import Timer, Timing, input_sets, time_fn
 from opforge.builder.inline import build_pybind_folder
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 HERE = Path(__file__).resolve().parent
 

@@ -40,7 +40,7 @@ from opforge.bench import Timer, input_sets, time_fn  # noqa: E402
 from opforge.builder import cache_root, load_module  # noqa: E402
 from opforge.check import measure_error  # noqa: E402
 from opforge.ops.gemm import make_operands, tolerance  # noqa: E402
-from opforge.spec import Sample  # noqa: E402
+from opforge.opspec import Sample  # noqa: E402
 
 ROUTES = ("jit", "setuptools", "cmake")
 HOW = {
@@ -193,7 +193,7 @@ def run_checks(module: types.ModuleType, device: torch.device) -> None:
     # ... the operator gets it from opforge's spec (fake kernel, backward
     # through the same op), registered for whichever library defined it.
     from opforge.ops.gemm import SPECS
-    from opforge.spec import register
+    from opforge.registry import register
 
     register(SPECS[0])
     out = op(a, b)

@@ -28,7 +28,7 @@ import torch
 import opforge
 from opforge.bench import Timer, time_fn
 from opforge.ops.lltm import BENCH_SIZES, make_cell, reference_forward
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 Fn = Callable[..., Any]
 

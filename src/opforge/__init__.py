@@ -14,23 +14,28 @@ formula from its spec, and exposes a public function per operator:
 
 ``opforge.spec(op, reference=...)`` describes an operator someone already has
 in ``torch.ops``, for ``opforge check|bench FILE.py``: the rest of its spec is
-derived from the schema (``opforge.derive``).
+derived from the schema (``opforge.derive``). A spec's types (``OpSpec``,
+``Sample``, ...) are in ``opforge.opspec``; ``opforge.registry`` wires specs.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from opforge import fast as _fast
+from opforge import spec_path as _spec_path
 from opforge.builder.jit import Library
 from opforge.builder.prebuilt import load_library_file as load_library
 from opforge.builder.prebuilt import load_op_library
-
-# opforge.spec is the function (opforge.derive.spec); bound after the module
-# opforge.spec was imported, it keeps the name. `from opforge.spec import ...`
-# still reaches the module, which Python finds in sys.modules.
 from opforge.derive import spec
-from opforge.spec import all_specs, register, register_module
+from opforge.registry import all_specs, register, register_module
+
+# `opforge.spec` is the function above. The import path `opforge.spec` of earlier releases (and of
+# packages that `opforge new` made then: `from opforge.spec import OpSpec, register_module`) names
+# opforge.spec_path, which hands on opforge.opspec's and opforge.registry's names. Python finds a
+# dotted path in sys.modules before it looks for a file, and then leaves the attribute as it is.
+sys.modules[f"{__name__}.spec"] = _spec_path
 
 __version__ = "0.1.0"
 

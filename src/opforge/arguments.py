@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from opforge.spec import OpSpec
+    from opforge.opspec import OpSpec
 
 
 def check_tensor_arguments(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from torch._library.utils import fill_defaults
 from opforge import fast
 
 if TYPE_CHECKING:
-    from opforge.spec import OpSpec
+    from opforge.opspec import OpSpec
 
 # One fragment per namespace; a Library deregisters its kernels when collected.
 _LIBRARIES: dict[str, torch.library.Library] = {}

@@ -35,7 +35,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
-from opforge.spec import DEFAULT_TOLERANCES, FLOAT_DTYPES, BadInput, Cost, OpSpec, Sample, SampleFn, as_dtypes, default_tolerance
+from opforge.opspec import DEFAULT_TOLERANCES, FLOAT_DTYPES, BadInput, Cost, OpSpec, Sample, SampleFn, as_dtypes, default_tolerance
 
 # (description, shape); "transposed" takes the transpose of the shape's reverse, a view.
 LAYOUTS: tuple[tuple[str, tuple[int, ...]], ...] = (

@@ -11,7 +11,7 @@ from torch import nn
 
 from opforge.autograd import no_derivative_error
 from opforge.quant import quantize_act_int8, quantize_weight_w4
-from opforge.spec import get_specs
+from opforge.registry import get_specs
 
 
 class Add(nn.Module):
@@ -177,7 +177,7 @@ class QQQLinear(nn.Module):
         if _k_sharded(self.w_packed):
             from torch.distributed.tensor import Replicate  # lazy: import time (torch.distributed.tensor, 0.75 s; loaded here)
 
-            # Row-parallel (opforge.parallel.RowwiseParallel): each rank's product over its share of
+            # Row-parallel (opforge.tensor_parallel.RowwiseParallel): each rank's product over its share of
             # K is a partial sum. Reduced in float32, then rounded once to out_dtype, as on one device.
             out = torch.ops.opforge.qqq_gemm(a, self.w_packed, s_tok, self.s_ch, self.s_group, self.group_size, torch.float32)
             out = out.redistribute(placements=[Replicate() if p.is_partial() else p for p in out.placements]).to(self.out_dtype)

@@ -36,7 +36,8 @@ import opforge
 from opforge import __version__
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import Library
-from opforge.spec import OpSpec, all_specs, register, replace_registered
+from opforge.opspec import OpSpec
+from opforge.registry import all_specs, register, replace_registered
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "new"
 

@@ -16,7 +16,7 @@ from opforge.arguments import check_number_arguments, check_tensor_arguments
 from opforge.fast import Context
 
 if TYPE_CHECKING:
-    from opforge.spec import OpSpec
+    from opforge.opspec import OpSpec
 
 
 def public_function(spec: OpSpec) -> Callable[..., Any]:

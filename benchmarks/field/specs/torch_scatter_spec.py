@@ -6,7 +6,7 @@ import torch
 import torch_scatter  # noqa: F401  (its import loads the operators)
 
 import opforge
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 _SIZES = ((5, 7, 4), (97, 3, 11), (1, 65, 1), (0, 3, 2))
 

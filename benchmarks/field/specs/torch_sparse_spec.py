@@ -6,7 +6,7 @@ import torch
 import torch_sparse  # noqa: F401  (its import loads the operators)
 
 import opforge
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 
 def _reference(ind: torch.Tensor, m: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 import torch_spline_conv  # noqa: F401  (its import loads the operators)
 
 import opforge
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 
 def _reference(

@@ -6,7 +6,7 @@ import torch
 import torchpairwise  # noqa: F401  (its import loads the operators)
 
 import opforge
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 
 def _reference(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ from opforge.bench.results import device_name as device_name
 from opforge.bench.timing import TARGET_SPREAD as TARGET_SPREAD
 from opforge.bench.timing import Timer, Timing, input_sets, repeat_until_stable, time_fn, time_interleaved
 from opforge.check.run import check_bad_inputs, check_reference, generator, run_reference
-from opforge.spec import OpSpec, Sample
+from opforge.opspec import OpSpec, Sample
 
 BENCH_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 IMPLS: tuple[str, ...] = ("opforge", "eager", "compiled")

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from opforge.check.values import expanded
-from opforge.spec import Sample
+from opforge.opspec import Sample
 
 # Stop when the IQR is under 1 % of the median (the stability rule).
 TARGET_SPREAD = 0.01

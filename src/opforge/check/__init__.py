@@ -10,10 +10,10 @@ from opforge.check.run import (
     check_op,
     check_opcheck,
     check_reference,
-    check_sharding,
     reference_cases,
     run_reference,
 )
+from opforge.check.sharding import check_sharding
 from opforge.check.steps import CheckResult, generator
 from opforge.check.values import measure_error
 

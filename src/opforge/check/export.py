@@ -20,7 +20,7 @@ import torch
 from opforge.check.grad import COMPILE_MAX_NUMEL, compile_dtype, compile_sample
 from opforge.check.steps import CheckResult, first_line, generator, missing_fake, sample_label, settle, step
 from opforge.check.values import difference, small, tensors
-from opforge.spec import OpSpec, Sample
+from opforge.opspec import OpSpec, Sample
 
 
 def _is_input(a: Any) -> bool:

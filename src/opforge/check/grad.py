@@ -32,7 +32,7 @@ from opforge.check.steps import (
     with_grad,
 )
 from opforge.check.values import compare, difference, self_overlapping, small, tensors
-from opforge.spec import OpSpec, Sample
+from opforge.opspec import OpSpec, Sample
 
 # gradcheck's numerical Jacobian costs one forward per input element.
 GRADCHECK_MAX_NUMEL = 1100

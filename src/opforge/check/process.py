@@ -46,10 +46,12 @@ from opforge.check.run import check_op
 from opforge.check.steps import CheckResult, device_healthy, watching
 from opforge.check.values import poisoned_allocations
 from opforge.derive import watching_probes
+from opforge.opspec import OpSpec
 from opforge.project import resolve_target
-from opforge.spec import OpSpec, get_specs
 
 # Per step: the longest one of the library's own checks is a torch.compile of
+from opforge.registry import get_specs
+
 # forward and backward, 10-30 s on two busy cores; a kernel that hangs is
 # reported after this long (opforge check --time-limit).
 DEFAULT_TIME_LIMIT_S = 300.0

@@ -22,7 +22,7 @@ from opforge.check.values import (
     unchanged,
     with_special_values,
 )
-from opforge.spec import OpSpec, Sample, SpecError, exact_dtype
+from opforge.opspec import OpSpec, Sample, SpecError, exact_dtype
 
 
 def to_reference(a: Any, device: torch.device | str | None = None) -> Any:

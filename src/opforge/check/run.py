@@ -63,7 +63,7 @@ from opforge.check.reference import (
     to_reference,
     unmarked_write_message,
 )
-from opforge.check.sharding import sharding_check
+from opforge.check.sharding import check_sharding
 from opforge.check.steps import (
     CheckResult,
     KernelError,
@@ -86,7 +86,7 @@ from opforge.check.values import (
     unchanged,
     with_special_values,
 )
-from opforge.spec import OpSpec, Sample, SpecError
+from opforge.opspec import OpSpec, Sample, SpecError
 
 CHECKS: tuple[str, ...] = ("reference", "opcheck", "gradcheck", "gradgradcheck", "compile", "export", "bad inputs", "sharding")
 
@@ -205,11 +205,6 @@ def check_bad_inputs(spec: OpSpec, device: torch.device, seed: int) -> CheckResu
     if not has_fake:
         res.note = "no fake kernel: checked eagerly only"
     return res.close()
-
-
-def check_sharding(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
-    """Every declared sharding strategy on a simulated mesh (opforge.check.sharding)."""
-    return sharding_check(spec, device, seed, CheckResult)
 
 
 CHECK_FUNCTIONS: dict[str, Callable[[OpSpec, torch.device, int], CheckResult]] = {

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils._mode_utils import no_dispatch
 
-from opforge import sharding
+from opforge import sharding_strategies
+from opforge.check.steps import CheckResult
 from opforge.check.values import compare, self_overlapping, small, tensors
-from opforge.spec import OpSpec, Sample
-
-if TYPE_CHECKING:
-    from opforge.check.run import CheckResult
+from opforge.opspec import OpSpec, Sample
 
 RANKS: tuple[int, ...] = (2, 4)
 # Samples per operator, and the largest tensor of one (every rank runs it, in Python's dispatch).
@@ -194,12 +192,12 @@ def _out_list(out: Any) -> list[Any]:
 # --- the check ---
 
 
-def sharding_check(spec: OpSpec, device: torch.device, seed: int, CheckResult: Callable[..., CheckResult]) -> CheckResult:
-    """The ``sharding`` check (on the CPU whatever ``device`` is: the mesh is simulated there);
-    ``CheckResult`` makes the result (opforge.check's type, handed in: that module calls this one)."""
+def check_sharding(spec: OpSpec, device: torch.device, seed: int) -> CheckResult:
+    """The ``sharding`` check: every declared sharding strategy on a simulated mesh, against the
+    reference (on the CPU whatever ``device`` is: the mesh is simulated there)."""
     if spec.sharding is None:
         return CheckResult(spec.name, "sharding", "n/a", note="no strategies declared")
-    if not sharding.available():
+    if not sharding_strategies.available():
         return CheckResult(spec.name, "sharding", "n/a", note="torch built without distributed")
     if not torch._C._dispatch_has_kernel_for_dispatch_key(
         spec.overload.name(), "CPU"
@@ -210,7 +208,7 @@ def sharding_check(spec: OpSpec, device: torch.device, seed: int, CheckResult: C
     samples = sharding_samples(spec, seed, dtype)
     if not samples:
         return CheckResult(spec.name, "sharding", "n/a", note="no sample small enough with a dimension of 4 or more")
-    sharding.ensure_registered()
+    sharding_strategies.ensure_registered()
     gen = torch.Generator().manual_seed(seed)
     try:
         for ranks in RANKS:
@@ -220,7 +218,7 @@ def sharding_check(spec: OpSpec, device: torch.device, seed: int, CheckResult: C
         undeclared = search_undeclared(spec, samples, gen)
     except Unavailable as exc:
         return CheckResult(spec.name, "sharding", "n/a", note=str(exc))
-    except sharding.DeclarationError as exc:  # the declaration itself is wrong: one line, whatever the sample
+    except sharding_strategies.DeclarationError as exc:  # the declaration itself is wrong: one line, whatever the sample
         return CheckResult(spec.name, "sharding", "fail", count=1, failures=[str(exc)], tag="spec")
     except _TooMany as exc:
         res.note = f"undeclared strategies not searched ({exc.args[0]} combinations of input placements)"
@@ -254,11 +252,11 @@ def _shardable(spec_args: Sequence[Any], ins: Sequence[Any], positions: Sequence
 
 def _check_sample(res: CheckResult, spec: OpSpec, sample: Sample, dtype: torch.dtype, mesh: Any, ranks: int, gen: torch.Generator) -> None:
     spec_args, spec_kwargs = _arg_specs(spec, sample, mesh)
-    by_pos = sharding.by_position(spec, sample.args, dict(sample.kwargs))
-    positions = sharding.tensor_positions(spec, spec_args, spec_kwargs)
-    spec_by_pos = sharding.by_position(spec, spec_args, spec_kwargs)
+    by_pos = sharding_strategies.by_position(spec, sample.args, dict(sample.kwargs))
+    positions = sharding_strategies.tensor_positions(spec, spec_args, spec_kwargs)
+    spec_by_pos = sharding_strategies.by_position(spec, spec_args, spec_kwargs)
     where = f"{spec.name} [{sample.desc}], {ranks} ranks"
-    for outs, ins in sharding.declared_rows(spec, spec_args, spec_kwargs):
+    for outs, ins in sharding_strategies.declared_rows(spec, spec_args, spec_kwargs):
         if not _shardable(spec_by_pos, ins, positions, ranks):
             continue  # DTensor does not offer it at this size
         res.count += 1
@@ -454,7 +452,7 @@ def search_undeclared(spec: OpSpec, samples: Sequence[Sample], gen: torch.Genera
 
     names = [a.name for a in spec.schema.arguments]
     sample = samples[0]
-    by_pos = sharding.by_position(spec, sample.args, dict(sample.kwargs))
+    by_pos = sharding_strategies.by_position(spec, sample.args, dict(sample.kwargs))
     positions = [i for i, a in enumerate(by_pos) if isinstance(a, torch.Tensor)]
     options = [_candidates(by_pos[i]) for i in positions]
     mutated = set(spec.mutated_args)
@@ -465,7 +463,7 @@ def search_undeclared(spec: OpSpec, samples: Sequence[Sample], gen: torch.Genera
         raise _TooMany(n)
     with simulated_mesh(2) as mesh:
         spec_args, spec_kwargs = _arg_specs(spec, sample, mesh)
-        declared = {tuple(short(ins[i]) for i in positions) for _, ins in sharding.declared_rows(spec, spec_args, spec_kwargs)}
+        declared = {tuple(short(ins[i]) for i in positions) for _, ins in sharding_strategies.declared_rows(spec, spec_args, spec_kwargs)}
     found = []
     for combo in itertools.product(*options):
         ins = dict(zip(positions, combo, strict=True))
@@ -486,7 +484,7 @@ def _confirm(spec: OpSpec, samples: Sequence[Sample], positions: Sequence[int], 
     from torch.distributed.tensor import Shard  # lazy: import time (torch.distributed.tensor, 0.75 s)
 
     for sample in samples:
-        by_pos = sharding.by_position(spec, sample.args, dict(sample.kwargs))
+        by_pos = sharding_strategies.by_position(spec, sample.args, dict(sample.kwargs))
         if [i for i, a in enumerate(by_pos) if isinstance(a, torch.Tensor)] != list(positions):
             continue
         if any(isinstance(ins[i], Shard) and ins[i].dim >= by_pos[i].dim() for i in positions):

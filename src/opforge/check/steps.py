@@ -23,7 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
 
 from opforge.check.values import ErrorStats
-from opforge.spec import OpSpec, Sample
+from opforge.opspec import OpSpec, Sample
 
 
 @dataclass

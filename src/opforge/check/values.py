@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.utils.deterministic as det
 
-from opforge.spec import OpSpec, Sample
+from opforge.opspec import OpSpec, Sample
 
 # Special values go into the small samples only: every layout, none of the
 # large ones (whose cost would double the reference check for nothing new).

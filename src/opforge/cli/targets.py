@@ -16,11 +16,11 @@ from opforge.cli.args import usage_error
 from opforge.cli.render import err, out
 from opforge.derive import describe, has_kernel_for
 from opforge.project import ProjectError, TargetNotFound, names_a_path, project_library, resolve_target
-from opforge.spec import get_specs
+from opforge.registry import get_specs
 
 if TYPE_CHECKING:
     from opforge.builder.jit import Library
-    from opforge.spec import OpSpec
+    from opforge.opspec import OpSpec
 
 
 def library(*, wait_fast: bool = True) -> Library:

@@ -12,7 +12,7 @@ import torch
 
 from opforge.ops import _rules as rules
 from opforge.ops._rules import expect_floating, expect_out, expect_same
-from opforge.spec import BadInput, Cost, Sample, SampleFn
+from opforge.opspec import BadInput, Cost, Sample, SampleFn
 
 __all__ = ["expect_floating", "expect_out", "expect_same"]  # re-exported for the specs
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from opforge.spec import FLOAT_DTYPES, BadInput
+from opforge.opspec import FLOAT_DTYPES, BadInput
 
 DTYPE_WORDS = "float32, float16, bfloat16 or float64"
 

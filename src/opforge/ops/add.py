@@ -19,7 +19,7 @@ from opforge.ops._elementwise import (
     streaming_cost,
     tensor_samples,
 )
-from opforge.spec import BadInput, OpSpec, Sample
+from opforge.opspec import BadInput, OpSpec, Sample
 
 OP = "opforge::add"
 OP_OUT = "opforge::add_out"

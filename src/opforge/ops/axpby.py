@@ -14,7 +14,7 @@ from opforge.ops._elementwise import (
     streaming_cost,
     tensor_samples,
 )
-from opforge.spec import OpSpec, Sample
+from opforge.opspec import OpSpec, Sample
 
 OP = "opforge::axpby"
 OP_BACKWARD = "opforge::axpby_backward"

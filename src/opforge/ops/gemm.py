@@ -19,7 +19,7 @@ from opforge.autograd import add_tangents
 from opforge.ops import _rules as rules
 from opforge.ops._elementwise import randn
 from opforge.ops._rules import expect_2d, expect_floating, expect_like
-from opforge.spec import BadInput, Cost, OpSpec, Sample
+from opforge.opspec import BadInput, Cost, OpSpec, Sample
 
 OP = "opforge::gemm"
 

@@ -35,7 +35,7 @@ from opforge.ops._lltm_math import (
     reference_backward,
     reference_forward,
 )
-from opforge.spec import BadInput, Cost, OpSpec, Sample, SampleFn
+from opforge.opspec import BadInput, Cost, OpSpec, Sample, SampleFn
 
 Cell = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -28,8 +28,8 @@ import torch
 
 from opforge.ops import _rules as rules
 from opforge.ops._rules import expect_2d, expect_shape
+from opforge.opspec import BadInput, Cost, OpSpec, Sample
 from opforge.quant import MAX_K, UNIT, dequantize_weight_w4, pack_int4, packed_view, quantize_act_int8, quantize_weight_w4, stripe_view
-from opforge.spec import BadInput, Cost, OpSpec, Sample
 
 OP = "opforge::qqq_gemm"
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -19,7 +19,7 @@ from opforge.ops._elementwise import (
     streaming_cost,
     tensor_samples,
 )
-from opforge.spec import DEFAULT_TOLERANCES, OpSpec, Sample, SampleFn
+from opforge.opspec import DEFAULT_TOLERANCES, OpSpec, Sample, SampleFn
 
 OP = "opforge::sigmoid"
 OP_BACKWARD = "opforge::sigmoid_backward"

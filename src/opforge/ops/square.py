@@ -12,7 +12,7 @@ from opforge.ops._elementwise import (
     result_like,
     streaming_cost,
 )
-from opforge.spec import OpSpec
+from opforge.opspec import OpSpec
 
 
 def _fake(x: torch.Tensor) -> torch.Tensor:

@@ -51,10 +51,10 @@ from opforge.profile.ncu import kernel_table, ncu_command, ncu_import_command, p
 from opforge.profile.sanitizer import SANITIZER_TOOLS, parse_sanitizer, sanitizer_command
 from opforge.profile.sanitizer import parse_sanitizer_summary as parse_sanitizer_summary
 from opforge.project import load_project, load_spec_file, project_library
-from opforge.spec import get_specs
+from opforge.registry import get_specs
 
 if TYPE_CHECKING:
-    from opforge.spec import OpSpec, Sample
+    from opforge.opspec import OpSpec, Sample
 
 
 #: Exit status when the GPU or a tool is missing: "cannot run here", not "failed".

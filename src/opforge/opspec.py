@@ -6,24 +6,24 @@ sample inputs, bad inputs and the error each must raise, benchmark cases, a cost
 model, a fake kernel and an autograd formula. ``opforge check``, ``opforge
 bench``, the tests and the public functions all read specs; adding an operator
 is adding one folder under ``csrc/ops`` and one spec module, nothing else.
+
+A spec is a description only: this module imports nothing of opforge, so that
+every floor can read it. ``opforge.registry`` wires a spec to its fake kernel,
+autograd, public function and sharding strategies. ``opforge.spec`` is the
+function that derives a spec from a schema (``opforge.derive``); the older import
+path ``from opforge.spec import OpSpec, Sample`` still reaches this module's names.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
-import pkgutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch._library.custom_ops import _maybe_get_opdef
-
-from opforge import autograd, sharding
-from opforge.arguments import name_missing_tensors
-from opforge.public import public_function
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -122,7 +122,7 @@ class Cost:
 SampleFn = Callable[[torch.device, torch.dtype, torch.Generator], Iterable[Sample]]
 
 
-_IMPORT = "from opforge.spec import Sample"
+_IMPORT = "from opforge.opspec import Sample"
 
 
 class CheckedSamples:
@@ -219,7 +219,7 @@ class OpSpec:
     # this spec itself adds (``fake``, ``backward``), never an autograd kernel
     # in place of the owner's, and reads ``differentiable`` from the dispatcher.
     owner_registered: bool = False
-    # How the operator runs on DTensor (opforge.sharding): "pointwise" (any placement its tensor
+    # How the operator runs on DTensor (opforge.sharding_strategies): "pointwise" (any placement its tensor
     # arguments share), "pointwise-linear" (Partial too), or a function in
     # torch.distributed.tensor.experimental.register_sharding's form; None: no strategies.
     sharding: str | Callable[..., Any] | None = None
@@ -301,26 +301,6 @@ class OpSpec:
         found = self.tolerances.get(dtype)
         return found if found is not None else default_tolerance(dtype)
 
-    def _register(self) -> None:
-        """Python-side registrations: fake kernel, autograd, public function.
-        An owner-registered operator gets only what the spec adds, through
-        torch.library's own functions (which refuse a second fake kernel or
-        autograd formula): opforge's autograd kernel would replace the owner's."""
-        sharding.validate(self)
-        if self.fake is not None:
-            torch.library.register_fake(self._registration_name)(self.fake)
-        if not self.owner_registered:
-            autograd.register(self)
-            name_missing_tensors(self)
-        elif self.backward is not None:
-            torch.library.register_autograd(self._registration_name, self.backward, setup_context=self.setup_context)
-        self.function = public_function(self)
-        sharding.register(self)
-
-    @property
-    def _registration_name(self) -> str:
-        return self.qualname if self.overload_name == "default" else f"{self.qualname}.{self.overload_name}"
-
 
 def owner_has_autograd(op: torch._ops.OpOverload) -> bool:
     """Whether gradients flow through ``op`` by a formula its owner registered:
@@ -333,74 +313,3 @@ def owner_has_autograd(op: torch._ops.OpOverload) -> bool:
         return opdef._backward_fn is not None
     name = op.name()
     return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in ("Autograd", "CompositeImplicitAutograd"))
-
-
-_REGISTRY: dict[str, OpSpec] = {}
-
-
-def register(spec: OpSpec) -> OpSpec:
-    """Adds a spec whose operator is already in torch.ops, and registers its
-    fake kernel, autograd formula, public function and sharding strategies. Library
-    ops and users' ops both go here; ``opforge.register(opforge.spec(...))`` in a
-    user's own script. The same spec again is a no-op (a spec file that registers
-    its specs itself, then loaded by ``opforge check``)."""
-    if not isinstance(spec, OpSpec):
-        raise TypeError(f"opforge.register: expected an OpSpec (as opforge.spec(...) makes), got {type(spec).__name__}: {spec!r:.80}")
-    if _REGISTRY.get(spec.qualname) is spec:
-        return spec
-    if spec.qualname in _REGISTRY:
-        raise ValueError(f"{spec.qualname}: a spec for this operator is already registered")
-    spec.overload  # noqa: B018 - fails clearly if the C++ side lacks it
-    spec._register()
-    _REGISTRY[spec.qualname] = spec
-    return spec
-
-
-def replace_registered(spec: OpSpec) -> OpSpec:
-    """A spec file's spec over one of opforge's own operators, in place of the
-    library's spec in this process (its checks and timings use the file's
-    reference, samples and tolerances). It may add nothing to the operator: a
-    fake kernel or autograd formula would be a second registration."""
-    if spec.qualname not in _REGISTRY:
-        return register(spec)
-    if not spec.owner_registered or spec.fake is not None or spec.backward is not None:
-        raise ValueError(
-            "a spec for this operator is already registered (opforge's own): a spec over it may give its reference, samples "
-            "and tolerances, not fake=, backward= or owner_registered=False"
-        )
-    spec.function = _REGISTRY[spec.qualname].function
-    _REGISTRY[spec.qualname] = spec
-    return spec
-
-
-def register_module(module_name: str) -> list[OpSpec]:
-    """Registers the ``SPECS`` of every public module in a package (``opforge.ops``)."""
-    package = importlib.import_module(module_name)
-    found: list[OpSpec] = []
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{module_name}.{info.name}")
-        for spec in getattr(module, "SPECS", ()):
-            found.append(register(spec))
-    return found
-
-
-def all_specs() -> list[OpSpec]:
-    return list(_REGISTRY.values())
-
-
-def get_specs(names: Iterable[str] | None = None) -> list[OpSpec]:
-    """Specs by name (``add`` or ``opforge::add``); all of them when ``names`` is empty."""
-    names = list(names or [])
-    if not names:
-        return all_specs()
-    by_short = {s.name: s for s in _REGISTRY.values()}
-    out = []
-    for n in names:
-        spec = _REGISTRY.get(n) or by_short.get(n)
-        if spec is None:
-            known = ", ".join(sorted(by_short))
-            raise KeyError(f"no operator named {n!r}; known: {known}")
-        out.append(spec)
-    return out

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from opforge.spec import OpSpec
+    from opforge.opspec import OpSpec
 
 POINTWISE = "pointwise"
 POINTWISE_LINEAR = "pointwise-linear"
