@@ -40,13 +40,23 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 import torch
 
-import opforge
-from opforge import cli
-from opforge.builder import cache_root
+# The op library is loaded below, with the eager fast path's module (its first build runs in the
+# background) attached before the operators register: out= operators then get its C++ autograd
+# kernel, as under the opforge command, whether or not the cache had the module already; tests see
+# what users' calls run. Processes that tests start load the library on import, as users' do.
+_NO_AUTOLOAD = os.environ.get("OPFORGE_NO_AUTOLOAD")
+os.environ["OPFORGE_NO_AUTOLOAD"] = "1"
 
-# The eager fast path's module too (its first build runs in the background): tests see what users' calls run.
+import opforge  # noqa: E402 - with OPFORGE_NO_AUTOLOAD set, above
+from opforge import cli  # noqa: E402
+from opforge.builder import cache_root  # noqa: E402
+
 LIBRARY = opforge.load(wait_fast=True)
 FAST = opforge.fast.module()
+if _NO_AUTOLOAD is None:
+    del os.environ["OPFORGE_NO_AUTOLOAD"]
+else:
+    os.environ["OPFORGE_NO_AUTOLOAD"] = _NO_AUTOLOAD
 os.environ["OPFORGE_CACHE_DIR"] = str(cache_root())
 # Tests build users' folders in fresh caches; precompiling torch/extension.h for
 # each (755 MB, 60-90 s on 2 cores) would dominate them. The tests of the

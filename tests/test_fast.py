@@ -1,4 +1,4 @@
-"""The eager fast path of the public functions (csrc/opforge/fast_python.cpp):
+"""The eager fast path of the public functions (csrc/fast/fast_python.cpp):
 the same answers and errors as torch.ops, and the full path wherever the fast
 one may not go (gradients, keywords, subclasses, modes, torch.compile)."""
 

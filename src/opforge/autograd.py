@@ -12,8 +12,8 @@ raises when it is given a tangent, each naming the operator.
 Operators that write an argument (out= forms) refuse both, as torch's own
 out= functions do, and bump the version of what they wrote: through the C++
 kernel of the fast-path module (opforge.fast) when it is there, else through
-``_writes_arguments`` here, with the same words. An operator whose library
-registered such a kernel itself (``OPFORGE_REGISTER_WRITES_ARGUMENTS``) keeps it.
+the Python kernel here, with the same words (the tests run both).
+An operator whose library registered an Autograd kernel itself keeps it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The eager fast path (csrc/opforge/fast_python.cpp): a Python module, built
+"""The eager fast path (csrc/fast/fast_python.cpp): a Python module, built
 for this torch, whose ``fast_op(qualname)`` returns a callable that runs an
 operator's kernel without torch.ops's generic argument parsing and without the
 Python autograd kernel, when no gradient is needed. It returns NotImplemented

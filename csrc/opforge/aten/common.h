@@ -146,51 +146,7 @@ void run_kernel(const char* op, const at::Tensor& out, Launch&& launch, CpuLoop&
   cpu_loop();
 }
 
-// The autograd kernel of an operator that writes an argument (`Tensor(a!)`),
-// boxed so that one serves every such schema; it does what torch's own out=
-// ops do. With gradients on, no argument may require grad: the op records no
-// graph, so the gradient would silently miss the write (or flow through an
-// output that was overwritten). Then it runs the kernel below autograd and
-// bumps the version of every tensor it wrote, so that a backward that saved
-// one of them refuses to run on the new values.
-inline void writes_arguments_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                                      torch::jit::Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  const auto& args = schema.arguments();
-  const size_t first = stack->size() - args.size();
-  std::vector<at::Tensor> written;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const c10::IValue& value = (*stack)[first + i];
-    if (!value.isTensor()) continue;
-    const at::Tensor& t = value.toTensor();
-    if (!t.defined()) continue;
-    const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
-    TORCH_CHECK(!(c10::GradMode::is_enabled() && t.requires_grad()), schema.name(), ": ",
-                args[i].name(), " requires grad, but this operator ",
-                writes ? "writes into it" : "writes into an argument",
-                " and has no derivative (as torch's out= functions). Call it under "
-                "torch.no_grad(), on detached tensors, or use the functional form");
-    TORCH_CHECK_NOT_IMPLEMENTED(!t._fw_grad(/*level=*/0).defined(), schema.name(), ": ", args[i].name(),
-                                " has a tangent, but forward-mode AD is not supported by an operator that "
-                                "writes an argument (as torch's out= functions)");
-    if (writes) written.push_back(t);
-  }
-  {
-    at::AutoDispatchBelowADInplaceOrView below;
-    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
-  }
-  for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
-}
-
 }  // namespace opforge
-
-// The autograd kernel above for operator `name` of namespace `ns`, one that
-// writes an argument.
-#define OPFORGE_REGISTER_WRITES_ARGUMENTS(ns, name)                                      \
-  TORCH_LIBRARY_IMPL(ns, Autograd, m) {                                                  \
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<                              \
-                     &opforge::writes_arguments_autograd>());                            \
-  }
 
 // Registers one device-agnostic wrapper set, `register_fn(torch::Library&)`,
 // for the CPU and (in a CUDA build) the CUDA dispatch keys, so an operator

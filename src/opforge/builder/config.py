@@ -190,7 +190,7 @@ def fast_config() -> BuildConfig:
     root = csrc_dir()
     return BuildConfig(
         name="opforge_fast",
-        sources=(root / "opforge" / "fast_python.cpp",),
+        sources=(root / "fast" / "fast_python.cpp",),
         include_dirs=(root,),
         cflags=("-O3", *env_cxxflags()[0]),
         python_module=True,
