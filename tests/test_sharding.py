@@ -416,3 +416,10 @@ def test_a_spec_registered_in_a_users_script_shards_at_once():
 def test_register_refuses_what_is_not_a_spec():
     with pytest.raises(TypeError, match=r"opforge.register: expected an OpSpec .*got str: 'cube'"):
         opforge.register("cube")
+
+
+def test_the_older_import_path_opforge_parallel_gives_the_same_styles():
+    # lazy: importing the styles imports DTensor, which the tests above want unimported at first
+    from opforge import parallel, tensor_parallel
+
+    assert (parallel.ColwiseParallel, parallel.RowwiseParallel) == (tensor_parallel.ColwiseParallel, tensor_parallel.RowwiseParallel)

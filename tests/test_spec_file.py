@@ -4,6 +4,7 @@ from its schema (opforge.derive)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import torch
 from torch import Tensor
 
 import opforge
+import opforge.opspec
+import opforge.registry
 from opforge.check.run import check_gradcheck, check_op
 from opforge.derive import BENCH_SIZES, DeriveError, describe
 from opforge.opspec import DEFAULT_TOLERANCES, OpSpec
@@ -341,3 +344,32 @@ def test_a_spec_file_over_opforges_own_operator_is_checked_with_its_reference(tm
     assert res.returncode == 1, res.stdout + res.stderr
     assert "x reference: square float32 [scalar] (seed" in res.stdout and "want" in res.stdout, res.stdout + res.stderr
     assert "no attribute" not in res.stdout + res.stderr
+
+
+# --- where the names live ---
+
+
+def test_the_description_imports_nothing_of_opforge():
+    """opforge.opspec is read by every floor: an import of opforge there, even a type-only one,
+    would tie the description back to the runtime that reads it."""
+    tree = ast.parse(Path(opforge.opspec.__file__).read_text())
+    found = [
+        f"line {n.lineno}"
+        for n in ast.walk(tree)
+        if (isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").split(".")[0] == "opforge"))
+        or (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "opforge" for a in n.names))
+    ]
+    assert not found, f"opforge/opspec.py imports opforge at {found}"
+
+
+def test_the_older_import_path_opforge_spec_still_works_and_opforge_spec_stays_the_function():
+    from opforge.spec import OpSpec, Sample, get_specs, register, register_module  # the path of earlier releases
+
+    assert (OpSpec, Sample) == (opforge.opspec.OpSpec, opforge.opspec.Sample)
+    assert (get_specs, register, register_module) == (
+        opforge.registry.get_specs,
+        opforge.registry.register,
+        opforge.registry.register_module,
+    )
+    assert callable(opforge.spec) and opforge.spec.__module__ == "opforge.derive"
+    assert opforge.register is opforge.registry.register
