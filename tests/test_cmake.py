@@ -32,14 +32,15 @@ import pytest
 import torch
 
 from opforge.builder import LIBRARY_TARGET, library_config, parallel
-from opforge.builder import cmake as cmake_route
-from opforge.builder.cmake import definitions
-from opforge.builder.describe import describe
-from opforge.builder.discover import DiscoveryError, discover, walk
 from opforge.builder.errors import BuildError
 from opforge.builder.prebuilt import explain_load_error
+from opforge.builder.sources import DiscoveryError, walk
 from opforge.builder.stable import parse_target, target_flag
 from opforge.elf_symbols import read_dynamic_symbols
+from opforge.folders import cmake as cmake_route
+from opforge.folders.cmake import definitions
+from opforge.folders.describe import describe
+from opforge.folders.discover import discover
 
 from .conftest import opforge_process
 from .test_byo_build import write

@@ -13,27 +13,27 @@ import torch
 
 from opforge import load_library as load_library_file
 from opforge.builder.archs import all_archs_asked, cuda_archs
-from opforge.builder.binding import read_binding
 from opforge.builder.child import verify_load
-from opforge.builder.cmake import build_cmake, parse_definition
 from opforge.builder.config import folder_config, want_cuda
-from opforge.builder.describe import cuda_unavailable, describe
-from opforge.builder.discover import DiscoveryError, discover, walk
 from opforge.builder.errors import BuildError, load_reason
 from opforge.builder.jit import build_library, load_library
-from opforge.builder.kernel_builder_check import check
-from opforge.builder.parallel import build_libraries
-from opforge.builder.registrations import registers_nothing
-from opforge.builder.symbols import undefined_symbol_error
-from opforge.builder.user_pch import plan, with_torch_pch
+from opforge.builder.many import build_libraries
+from opforge.builder.pch import plan, with_torch_pch
+from opforge.builder.source_text import read_binding
+from opforge.builder.sources import DiscoveryError, walk
+from opforge.builder.symbols import registers_nothing, undefined_symbol_error
 from opforge.cli.args import usage_error
 from opforge.cli.render import err, out
 from opforge.cli.targets import library, resolve_targets
+from opforge.folders.cmake import build_cmake, parse_definition
+from opforge.folders.describe import cuda_unavailable, describe
+from opforge.folders.discover import discover
+from opforge.folders.kernel_builder.check import check
 from opforge.project import ProjectError, find_project, project_library
 
 
 def cmake_definition(text: str) -> str:
-    """-D: a CMake cache definition, NAME=VALUE (opforge.builder.cmake.parse_definition)."""
+    """-D: a CMake cache definition, NAME=VALUE (opforge.folders.cmake.parse_definition)."""
     try:
         return parse_definition(text)
     except ValueError as exc:
@@ -79,14 +79,14 @@ def print_library(*, wait_fast: bool = True) -> int:
 
 
 def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dry_run: bool = False, defines: Sequence[str] = ()) -> int:
-    """A user's folder of sources, in whatever layout (opforge.builder.discover):
+    """A user's folder of sources, in whatever layout (opforge.folders.discover):
     what was found is printed, then it is built by the route it calls for, or
     by ``route``. TORCH_LIBRARY ops: jit (the cached ninja build), inline (its
     files handed to opforge.builder.inline as strings), setuptools (build_ext, as
     pip install would). A package importing _C: package (built in place). A
     pybind11 module: pybind. Its own CMakeLists.txt: cmake. ``all_archs``: a
     setup.py's every CUDA arch, not only this machine's GPUs' (``cuda_targets``).
-    ``dry_run``: what was found and the plan (opforge.builder.plan), then
+    ``dry_run``: what was found and the plan (opforge.folders.plan), then
     stop; nothing compiles and no code of the folder runs. Otherwise the
     folder's code runs, as pip would run it (setup.py, an __init__.py, CMake,
     static initializers). ``defines``: CMake cache definitions (``-D``), for
@@ -122,8 +122,8 @@ def build_folder(path: Path, route: str = "auto", *, all_archs: bool = False, dr
     for line in describe(layout, route=route, cuda_reason=reason, cuda_archs=archs):
         out.print(line, highlight=False, markup=False)
     if dry_run:
-        # lazy: import time (opforge.builder.plan, 5 ms): every opforge command loads this module
-        from opforge.builder.plan import plan_lines
+        # lazy: import time (opforge.folders.plan, 5 ms): every opforge command loads this module
+        from opforge.folders.plan import plan_lines
 
         for line in plan_lines(layout, route, setup_py=setup_py, defines=defines):
             out.print(line, highlight=False, markup=False)
@@ -196,8 +196,8 @@ def _build_package(layout: Any) -> int:
     into the cache, the library copied into the package as _C<EXT_SUFFIX> (as
     ``build_ext --inplace`` leaves it), then ``import <package>`` tried in a new
     process, as its user will run it."""
-    # lazy: import time (opforge.builder.package, 3 ms): every opforge command loads this module
-    from opforge.builder.package import package_config, place_in_package
+    # lazy: import time (opforge.folders.package, 3 ms): every opforge command loads this module
+    from opforge.folders.package import package_config, place_in_package
 
     package = layout.package
     lib = build_library(package_config(layout))
@@ -230,8 +230,8 @@ def _imports(
     operators they registered; an undefined symbol that a CUDA source left
     out (``left_out``) would define is said so (``macro``: what the build
     defines only with CUDA, "" where opforge defines none)."""
-    # lazy: import time (opforge.builder.package, 3 ms): every opforge command loads this module
-    from opforge.builder.package import has_module_init, try_import
+    # lazy: import time (opforge.folders.package, 3 ms): every opforge command loads this module
+    from opforge.folders.package import has_module_init, try_import
 
     sources = walk(root).sources
     ok, found = try_import(modules, where, namespaces, sources, root)
@@ -261,14 +261,14 @@ def _imports(
 
 
 def _build_setup_py(layout: Any, setup_py: Path, *, all_archs: bool = False) -> int:
-    """The extensions a setup.py declares (opforge.builder.setup_py), built by
-    the JIT engine (several at once, opforge.builder.parallel) and each copied
+    """The extensions a setup.py declares (opforge.folders.setup_py), built by
+    the JIT engine (several at once, opforge.builder.many) and each copied
     where ``build_ext --inplace`` puts it; then, all in place, imported in one
     new process, as their users will (a package whose __init__ imports every
     one of them needs all of them there)."""
-    # lazy: import time (opforge.builder.package, 3 ms; opforge.builder.setup_py, 6 ms): every opforge command loads this module
-    from opforge.builder.package import place_library
-    from opforge.builder.setup_py import cuda_targets, extension_config, import_root, inplace_target, read
+    # lazy: import time (opforge.folders.package, 3 ms; opforge.folders.setup_py, 6 ms): every opforge command loads this module
+    from opforge.folders.package import place_library
+    from opforge.folders.setup_py import cuda_targets, extension_config, import_root, inplace_target, read
 
     root = layout.root
 
@@ -346,7 +346,7 @@ def _registered_nothing(folder: Path, so: Path) -> int:
 
 
 def _build_cmake(folder: Path, defines: Sequence[str] = ()) -> int:
-    """The CMake route (opforge.builder.cmake) with the cache definitions ``defines``, then every shared library it made loaded."""
+    """The CMake route (opforge.folders.cmake) with the cache definitions ``defines``, then every shared library it made loaded."""
     if not (folder / "CMakeLists.txt").is_file():
         usage_error(f"opforge build: {folder} has no CMakeLists.txt (--route cmake)")
     try:
@@ -367,11 +367,11 @@ def _build_cmake(folder: Path, defines: Sequence[str] = ()) -> int:
 
 
 def _build_kernel_builder(root: Path) -> int:
-    """A Hugging Face kernel-builder project (opforge.builder.kernel_builder):
+    """A Hugging Face kernel-builder project (opforge.folders.kernel_builder):
     each backend built and placed, then imported as its users import it."""
-    # lazy: import time (opforge.builder.kernel_builder, 14 ms): every opforge command loads this module
-    from opforge.builder.kernel_builder import build_project
-    from opforge.builder.kernel_builder_toml import KernelBuilderError
+    # lazy: import time (opforge.folders.kernel_builder, 14 ms): every opforge command loads this module
+    from opforge.folders.kernel_builder.build import build_project
+    from opforge.folders.kernel_builder.toml import KernelBuilderError
 
     def say(line: str) -> None:
         out.print(line, highlight=False, markup=False)
