@@ -3,7 +3,7 @@
 ``opforge build PATH`` takes the layouts people bring as they are: sources in
 any subfolder, headers in ``include/`` or beside their sources, a Python
 package whose ``__init__`` imports a compiled ``_C``, a pybind11 module, a
-``setup.py`` or a ``CMakeLists.txt``. ``walk`` finds the sources and the
+``setup.py`` or a ``CMakeLists.txt``. ``opforge.builder.sources.walk`` finds the sources and the
 include folders, ``discover`` reads how the code binds to Python or torch and
 picks the route (``opforge.folders.describe`` says all of it in a few lines,
 CUDA sources that cannot be built here included). Nothing here compiles anything.
