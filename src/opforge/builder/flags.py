@@ -1,7 +1,6 @@
 """Compiler flags: torch's own, ``OPFORGE_BUILD_CUDA``, and flags of some sources alone.
 
-The flags torch's JIT builder compiles C++ sources with.
-
+``torch_cxx_flags``: the flags torch's JIT builder compiles C++ sources with.
 A precompiled header must be built with the flags of the files that use it.
 Torch decides part of them (``-std=c++17`` or ``c++20`` by version, ``-fPIC``,
 its macros and include paths) inside its ninja writer, which is not public:
@@ -9,11 +8,11 @@ rather than copy its logic, which changes between versions, let torch build an
 empty library once and read the ``cflags`` it wrote into ``build.ninja``.
 Cached per torch and Python under the build cache (about half a second, once).
 
-``OPFORGE_BUILD_CUDA``, read in one place; a module of its own, below the build
+``build_cuda_flag``: ``OPFORGE_BUILD_CUDA``, read in one place, below the build
 configurations (``opforge.builder.config``), so that what explains a load failure
 (``opforge.builder.symbols``) can read it without importing every build's definition.
 
-Flags of some sources alone (``BuildConfig.groups``), given to ninja as the
+``by_compiled``, ``scoped_flags``: flags of some sources alone (``BuildConfig.groups``), given to ninja as the
 compile step of each such source: ``cxxflags = $cxxflags -mavx512f`` under its
 ``build`` line, so that the rest of the library never sees them.
 

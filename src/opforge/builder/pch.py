@@ -17,14 +17,12 @@ compiler is reading. An entry records every header it was made from (GCC's
 dependency list, with mtimes and sizes): an edited or reinstalled header
 rebuilds it.
 
-For users' code (``opforge build PATH``):
-
-Most of the compile time of a user's torch-facing file is torch's headers
+For users' code (``opforge build PATH``), most of the compile time of a user's torch-facing file is torch's headers
 (``torch/extension.h`` alone is tens of thousands of lines and pybind11).
 ``plan`` reads how each C++ source begins: the run of ``#include <...>``
 lines at its top, up to its last torch header (``torch/``, ``ATen/``, ``c10/``).
 That prefix, exactly as written, becomes the precompiled header
-(``opforge.builder.pch``: built once per compiler, flags and header list, kept in
+(``precompiled_header``: built once per compiler, flags and header list, kept in
 the cache and shared by every folder that begins the same way), and each
 source that begins with it is compiled with it in front (``BuildConfig.pch_units``).
 

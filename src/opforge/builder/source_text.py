@@ -1,11 +1,10 @@
 """What sources say, read from their text without compiling them.
 
-What a folder's C++ binds, read from its sources without compiling them:
+``read_binding``: what a folder's C++ binds, read from its sources without compiling them:
 ``TORCH_LIBRARY`` blocks, ``torch::RegisterOperators``, pybind11 modules and
 ``PyInit__C``, with comments and string literals blanked first.
 
-Code written for another framework, kept in a PyTorch project's tree.
-
+``find_foreign``: code written for another framework, kept in a PyTorch project's tree.
 Tutorial repositories keep a TensorFlow (or JAX, PaddlePaddle...) version of an
 operator beside the PyTorch one (``pytorch/`` and ``tensorflow/``, sharing a
 ``kernel/`` folder). Compiled into the PyTorch build, such sources fail on

@@ -1,14 +1,12 @@
 """A built library's symbols: what a missing one means in the user's words, and
 what the library registers with torch, read before it loads.
 
-A library that would not load for a missing symbol, said in the user's
+``undefined_symbol_error``: a library that would not load for a missing symbol, said in the user's
 words: the symbol demangled, the sources that call it, and the source that
 defines it where the build left that one out.
 
-What a TORCH_LIBRARY library registers when it loads, read from the file
-before loading it.
-
-Its registrations run in static initialisers: an operator defined twice (a
+``refuse_clashes``: what a TORCH_LIBRARY library registers when it loads, read from
+the file before loading it. Its registrations run in static initialisers: an operator defined twice (a
 second copy of a library, or two builds of one by different routes) throws
 from one, which no caller can catch, and the process aborts. So the clash is
 found first, from the library's symbol table (the static objects that
