@@ -24,15 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.builder.describe import describe
-from opforge.builder.discover import (
-    DiscoveryError,
-    discover,
-    extension_suffix,
-    imports_c,
-    read_binding,
-    walk,
-)
+from opforge.builder.source_text import read_binding
+from opforge.builder.sources import DiscoveryError, walk
+from opforge.folders.describe import describe
+from opforge.folders.discover import discover
+from opforge.folders.package_init import extension_suffix, imports_c
 
 from .conftest import SRC
 
@@ -323,7 +319,7 @@ def test_a_package_whose_C_declares_a_module_of_another_name_is_refused_before_c
 
 
 def test_a_setup_py_is_read_for_its_extensions_without_building_anything(tmp_path):
-    from opforge.builder.setup_py import _python_optimisation, extension_config, import_root, inplace_target, read
+    from opforge.folders.setup_py import _python_optimisation, extension_config, import_root, inplace_target, read
 
     project = copy_fixture(tmp_path, "setup_py_project")
     found = read(project / "setup.py")
@@ -345,7 +341,7 @@ def test_a_setup_py_is_read_for_its_extensions_without_building_anything(tmp_pat
 
 
 def test_package_dir_is_followed_as_setuptools_follows_it(tmp_path):
-    from opforge.builder.setup_py import package_folder
+    from opforge.folders.setup_py import package_folder
 
     assert package_folder("a.b", tmp_path, {}) == tmp_path / "a" / "b"
     assert package_folder("a.b", tmp_path, {"": "src"}) == tmp_path / "src" / "a" / "b"
@@ -362,7 +358,7 @@ setup(name="k", ext_modules=[CUDAExtension("k._C", ["k.cpp", "k.cu"], define_mac
 
 
 def test_a_cuda_extension_is_read_on_a_machine_without_cuda(tmp_path):
-    from opforge.builder.setup_py import read
+    from opforge.folders.setup_py import read
 
     root = write(tmp_path / "k", {"setup.py": _CUDA_SETUP, "k.cpp": "", "k.cu": ""})
     [ext] = read(root / "setup.py").extensions
@@ -393,7 +389,7 @@ def test_a_cuda_extension_is_read_on_a_machine_without_cuda(tmp_path):
     ],
 )
 def test_a_setup_py_that_cannot_be_read_is_a_clear_error_naming_it(tmp_path, setup, message):
-    from opforge.builder.setup_py import read
+    from opforge.folders.setup_py import read
 
     root = write(tmp_path / "bad", {"setup.py": setup, "x.c": ""})
     with pytest.raises(DiscoveryError, match=message) as caught:

@@ -143,8 +143,8 @@ def test_a_child_that_leaves_a_helper_holding_its_output_is_ended_whole_at_the_t
 
 
 def test_a_setup_py_whose_helper_keeps_stdout_open_is_an_error_and_leaves_nothing_running(tmp_path):
-    from opforge.builder.discover import DiscoveryError
-    from opforge.builder.setup_py import read
+    from opforge.builder.sources import DiscoveryError
+    from opforge.folders.setup_py import read
 
     marker = tmp_path / "helper-alive"
     helper = f"import time, pathlib\nfor _ in range(100):\n    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(0.2)\n"
@@ -176,8 +176,8 @@ def hostile_folder(root: Path) -> Path:
 
 def test_dangling_links_link_loops_and_names_that_are_not_utf8_are_left_out_and_said(tmp_path, monkeypatch):
     from opforge.builder import folder_config
-    from opforge.builder.describe import describe
-    from opforge.builder.discover import discover
+    from opforge.folders.describe import describe
+    from opforge.folders.discover import discover
 
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
     folder = hostile_folder(tmp_path / "hostile")
@@ -268,7 +268,7 @@ def test_dry_run_of_a_cmake_folder_does_not_configure_it(tmp_path, monkeypatch, 
 
 def test_dry_run_of_torch_library_sources_prints_sources_flags_and_the_cache_entry_it_would_make(tmp_path, monkeypatch, capsys):
     from opforge.builder import folder_config
-    from opforge.builder.user_pch import with_torch_pch
+    from opforge.builder.pch import with_torch_pch
     from opforge.cli import main
 
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
@@ -455,9 +455,9 @@ def test_a_relative_cache_dir_is_taken_from_where_the_command_started_and_made_a
 def test_discovery_and_opforge_abi_run_none_of_the_folders_code(tmp_path, monkeypatch, capsys):
     import shutil
 
-    from opforge.builder.describe import describe
-    from opforge.builder.discover import discover
     from opforge.cli import main
+    from opforge.folders.describe import describe
+    from opforge.folders.discover import discover
 
     marker = tmp_path / "MARKER"
     folder = write(
@@ -482,7 +482,7 @@ def test_discovery_and_opforge_abi_run_none_of_the_folders_code(tmp_path, monkey
 
 
 def test_a_library_without_a_module_init_is_told_from_a_module(needs_missing, tmp_path):
-    from opforge.builder.package import has_module_init
+    from opforge.folders.package import has_module_init
 
     so, _ = needs_missing
     assert not has_module_init(so, "pkg.needs_missing")

@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.builder.binding import read_binding
-from opforge.builder.describe import describe
-from opforge.builder.discover import DiscoveryError, discover, extension_suffix, walk
+from opforge.builder.source_text import read_binding
+from opforge.builder.sources import DiscoveryError, walk
+from opforge.folders.describe import describe
+from opforge.folders.discover import discover
+from opforge.folders.package_init import extension_suffix
 
 from .test_byo_build import FIXTURES, SRC, built_seconds, copy_fixture, run_build, write
 
@@ -123,8 +125,8 @@ def test_TORCH_EXTENSION_NAME_is_the_folders_own_name(monkeypatch):
 def test_OPFORGE_CXXFLAGS_reaches_every_build_of_a_users_folder(tmp_path, monkeypatch):
     from opforge.builder import folder_config
     from opforge.builder.inline import inline_config, pybind_folder_config
-    from opforge.builder.package import package_config
-    from opforge.builder.setup_py import extension_config, read
+    from opforge.folders.package import package_config
+    from opforge.folders.setup_py import extension_config, read
 
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("OPFORGE_CXXFLAGS", "-DPROJECT_FLAG=3 -I /opt/project/include -fno-math-errno")
@@ -142,7 +144,7 @@ def test_OPFORGE_CXXFLAGS_reaches_every_build_of_a_users_folder(tmp_path, monkey
 
 
 def test_an_extension_on_the_limited_API_is_named_abi3_as_setuptools_names_it():
-    from opforge.builder.setup_py import inplace_target, read
+    from opforge.folders.setup_py import inplace_target, read
 
     found = read(FIXTURES / "two_ext_package" / "setup.py")
     scale, shift = found.extensions
@@ -196,8 +198,8 @@ NINE = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("75", "80", "86", "87
     ],
 )
 def test_a_setup_py_asking_for_many_archs_builds_the_gpus_here_unless_told(monkeypatch, here, all_archs, built, said):
-    from opforge.builder import setup_py
-    from opforge.builder.setup_py import SetupExtension, cuda_targets
+    from opforge.folders import setup_py
+    from opforge.folders.setup_py import SetupExtension, cuda_targets
 
     monkeypatch.setattr(setup_py, "present_archs", lambda: here)  # where cuda_targets reads it
     # Nine archs, one of them as two tokens with its PTX, the others one token each.
@@ -222,7 +224,7 @@ def test_a_setup_py_asking_for_many_archs_builds_the_gpus_here_unless_told(monke
 
 
 def test_the_archs_a_setup_py_sets_for_itself_are_read(tmp_path):
-    from opforge.builder.setup_py import read
+    from opforge.folders.setup_py import read
 
     setup = (
         "import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '8.0;9.0'\n"

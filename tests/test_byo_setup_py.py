@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.builder.discover import DiscoveryError, extension_suffix
+from opforge.builder.sources import DiscoveryError
+from opforge.folders.package_init import extension_suffix
 
 from .test_byo_build import run_build, write
 
@@ -94,7 +95,7 @@ def layout(root: Path, name: str) -> tuple[Path, str]:
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_the_library_goes_where_build_ext_inplace_puts_it(tmp_path, name):
-    from opforge.builder.setup_py import import_root, inplace_target, read
+    from opforge.folders.setup_py import import_root, inplace_target, read
 
     root, target = layout(tmp_path / "p", name)
     found = read(root / "setup.py")
@@ -120,7 +121,7 @@ setup(name="pkg", package_dir={"": "src"}, ext_modules=[CppExtension("pkg._C", [
 
 
 def test_where_setuptools_cannot_say_the_package_dir_is_followed(tmp_path):
-    from opforge.builder.setup_py import inplace_target, read
+    from opforge.folders.setup_py import inplace_target, read
 
     root = write(tmp_path / "p", {"setup.py": _OWN_BUILD_EXT, "csrc/module.cpp": _MODULE, "src/pkg/__init__.py": ""})
     found = read(root / "setup.py")
@@ -178,7 +179,7 @@ def test_a_setup_py_running_git_outside_a_checkout_is_its_own_failure_in_one_lin
 
 
 def test_a_setup_py_importing_a_module_that_is_not_here_is_its_own_failure(tmp_path):
-    from opforge.builder.setup_py import read
+    from opforge.folders.setup_py import read
 
     root = write(tmp_path / "p", {"setup.py": _IMPORT_SETUP, "op.cpp": ""})
     with pytest.raises(DiscoveryError) as caught:
@@ -193,7 +194,7 @@ def test_a_setup_py_importing_a_module_that_is_not_here_is_its_own_failure(tmp_p
 
 
 def test_a_setup_py_that_exits_says_what_it_printed(tmp_path):
-    from opforge.builder.setup_py import read
+    from opforge.folders.setup_py import read
 
     setup = "import sys\nprint('needs CUDA 12 or later', file=sys.stderr)\nsys.exit(3)\n"
     with pytest.raises(DiscoveryError, match=r"setup\.py:3: .* fails by itself at `sys\.exit\(3\)`: it exits with status 3 after "
@@ -241,7 +242,7 @@ def cuda_project(root: Path, *, call_runtime: bool) -> Path:
 
 def toolkit_include() -> Path:
     """The CUDA toolkit's include folder as a CUDAExtension's sources get it; skips without one."""
-    from opforge.builder.setup_py import cuda_include_flags
+    from opforge.folders.setup_py import cuda_include_flags
 
     flags = cuda_include_flags()
     if not flags:
@@ -251,7 +252,7 @@ def toolkit_include() -> Path:
 
 
 def test_the_cpp_sources_of_a_cuda_extension_find_the_cuda_headers(tmp_path):
-    from opforge.builder.setup_py import extension_config, read
+    from opforge.folders.setup_py import extension_config, read
 
     include = toolkit_include()
     [ext] = read(cuda_project(tmp_path / "cq", call_runtime=False) / "setup.py").extensions

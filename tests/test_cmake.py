@@ -31,15 +31,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.builder import LIBRARY_TARGET, library_config, parallel
-from opforge.builder import cmake as cmake_route
-from opforge.builder.cmake import definitions
-from opforge.builder.describe import describe
-from opforge.builder.discover import DiscoveryError, discover, walk
+from opforge.builder import LIBRARY_TARGET, library_config, many
 from opforge.builder.errors import BuildError
 from opforge.builder.prebuilt import explain_load_error
+from opforge.builder.sources import DiscoveryError, walk
 from opforge.builder.stable import parse_target, target_flag
 from opforge.elf_symbols import read_dynamic_symbols
+from opforge.folders import cmake as cmake_route
+from opforge.folders.cmake import definitions
+from opforge.folders.describe import describe
+from opforge.folders.discover import discover
 
 from .conftest import opforge_process
 from .test_byo_build import write
@@ -394,7 +395,7 @@ def test_definitions_and_MAX_JOBS_reach_cmake(tmp_path, monkeypatch):
     folder = write(tmp_path / "proj", {"CMakeLists.txt": 'project(p)\noption(ENABLE_CUDA "build the CUDA kernels" ON)\n'})
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
     ran = _fake_cmake(monkeypatch)
-    for max_jobs, jobs in (("3", "3"), ("", str(parallel.jobs()))):
+    for max_jobs, jobs in (("3", "3"), ("", str(many.jobs()))):
         monkeypatch.setenv("MAX_JOBS", max_jobs)
         ran.clear()
         with pytest.raises(BuildError, match="cmake built no shared library"):  # nothing ran: no library

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from opforge.builder.discover import discover, find_build_toml
-from opforge.builder.kernel_builder import plan
-from opforge.builder.kernel_builder_layout import metadata, ops_py, place_in_torch_ext, variant_name
-from opforge.builder.kernel_builder_toml import KernelBuilderError, read_project
+from opforge.folders.discover import discover, find_build_toml
+from opforge.folders.kernel_builder.build import plan
+from opforge.folders.kernel_builder.layout import metadata, ops_py, place_in_torch_ext, variant_name
+from opforge.folders.kernel_builder.toml import KernelBuilderError, read_project
 
 from .conftest import SRC as CHECKOUT_SRC
 
@@ -236,7 +236,7 @@ def test_cuda_capabilities_that_exclude_every_targeted_arch_are_a_clear_error(tm
     """A kernel's cuda-capabilities narrow the archs built; none left is an error
     that says which archs were targeted and how to target others. (CUDA is made
     to look available: the plan compiles nothing.)"""
-    import opforge.builder.kernel_builder as kb
+    import opforge.folders.kernel_builder.build as kb
 
     monkeypatch.setattr(kb, "_cuda_reason", lambda stable: None)
     monkeypatch.setattr(kb, "_cuda_version", lambda stable: "13.0")
@@ -259,7 +259,7 @@ def test_cuda_is_compiled_with_kernel_builders_default_nvcc_flags(tmp_path, monk
     kernel compiles), --expt-relaxed-constexpr, -DENABLE_FP8, and torch's four
     __CUDA_NO_HALF* macros taken back; a kernel's cuda-flags go to its own .cu files
     alone. (CUDA is made to look available: the plan compiles nothing.)"""
-    import opforge.builder.kernel_builder as kb
+    import opforge.folders.kernel_builder.build as kb
 
     monkeypatch.setattr(kb, "_cuda_reason", lambda stable: None)
     monkeypatch.setattr(kb, "_cuda_version", lambda stable: "13.0")

@@ -1,4 +1,4 @@
-"""Precompiled torch headers for users' folders (opforge.builder.user_pch).
+"""Precompiled torch headers for users' folders (opforge.builder.pch).
 
 Which sources get one is read from how each begins, with no compiler: those
 tests run in milliseconds. One slow test compiles: two folders that begin
@@ -22,7 +22,7 @@ import pytest
 from opforge.builder import folder_config
 from opforge.builder.inline import pybind_folder_config
 from opforge.builder.jit import build_library
-from opforge.builder.user_pch import is_torch_header, plan, torch_prefix, with_torch_pch
+from opforge.builder.pch import is_torch_header, plan, torch_prefix, with_torch_pch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -132,8 +132,8 @@ def test_no_header_when_turned_off_or_when_nothing_begins_with_torch(tmp_path, m
 
 
 def test_the_cli_says_which_sources_get_the_header_before_compiling():
-    from opforge.builder.describe import describe
-    from opforge.builder.discover import discover
+    from opforge.folders.describe import describe
+    from opforge.folders.discover import discover
 
     layout = discover(FIXTURES / "gemm_nested")
     lines = describe(layout, route=layout.route, cuda_reason="no CUDA here")

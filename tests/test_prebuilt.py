@@ -367,7 +367,7 @@ def _copy_of_the_op_library(tmp_path: Path) -> Path:
 
 
 def test_op_library_registrations_are_read_from_its_symbols():
-    from opforge.builder.registrations import torch_library_registrations
+    from opforge.builder.symbols import torch_library_registrations
 
     from .conftest import LIBRARY
 

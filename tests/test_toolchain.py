@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opforge.builder import BuildConfig, BuildError, load_library, pch, toolchain
-from opforge.builder.torch_flags import torch_cxx_flags
+from opforge.builder.flags import torch_cxx_flags
 
 from .conftest import SRC
 

@@ -32,10 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from opforge.builder.cache import fast_build_log
 from opforge.builder.config import fast_config
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import build_library, cache_root, cached_path, load_module
+from opforge.builder.store import fast_build_log
 
 _module: types.ModuleType | None = None
 #: Why the fast path is off, in words; empty while it is on (or not yet tried).

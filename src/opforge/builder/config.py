@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from opforge.builder.archs import cuda_archs, cuda_home, gencode_flags
-from opforge.builder.cuda_flag import build_cuda_flag
-from opforge.builder.discover import library_name, walk
 from opforge.builder.errors import BuildError
+from opforge.builder.flags import build_cuda_flag
 from opforge.builder.recipe import BuildConfig
+from opforge.builder.sources import library_name, walk
 from opforge.builder.stable import FLOOR, target_flag
 
 #: opforge's own op library is on PyTorch's stable ABI: one build for every torch from this one on.

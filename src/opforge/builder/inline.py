@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 
 from opforge.builder.archs import cuda_archs, gencode_flags
-from opforge.builder.binding import pybind_modules, strip_comments
 from opforge.builder.config import env_cxxflags, want_cuda
-from opforge.builder.discover import walk
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig, Library, cache_root, load_library, load_module
+from opforge.builder.pch import with_torch_pch
+from opforge.builder.source_text import pybind_modules, strip_comments
+from opforge.builder.sources import walk
 from opforge.builder.symbols import undefined_symbol_error
-from opforge.builder.user_pch import with_torch_pch
 
 __all__ = [
     "build_pybind_folder",
@@ -79,7 +79,7 @@ def inline(
     string. Identical strings are found in the cache; changed ones rebuild.
     The torch headers the C++ source begins with (the prelude's, or the
     string's own) are precompiled once and shared through the cache
-    (``opforge.builder.user_pch``; ``OPFORGE_PCH=0`` turns it off).
+    (``opforge.builder.pch``; ``OPFORGE_PCH=0`` turns it off).
     ``verbose`` also says where the sources went and which library was loaded;
     ``quiet`` silences the build progress.
     """
@@ -185,13 +185,13 @@ def build_pybind_folder(
     """Builds a folder of tutorial-style pybind11 code (``add2.h``, ``add2.cpp`` with
     ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``, ``add2.cu``) and imports it.
 
-    Every C++ source in it and its subfolders (``opforge.builder.discover.walk``)
+    Every C++ source in it and its subfolders (``opforge.builder.sources.walk``)
     is built, and every ``.cu`` when CUDA is (``with_cuda``,
     default: the folder has .cu files and opforge would build CUDA, see
     ``opforge.builder.want_cuda``); ``OPFORGE_WITH_CUDA`` is defined then, so the
     .cpp can hold a CPU fallback. ``name`` defaults to the folder's name.
     The torch headers its sources begin with are precompiled once and shared
-    through the cache (``opforge.builder.user_pch``).
+    through the cache (``opforge.builder.pch``).
     """
     cfg = pybind_folder_config(path, name, with_cuda=with_cuda, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags)
     tree = walk(Path(path))

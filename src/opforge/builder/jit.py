@@ -34,16 +34,14 @@ import torch
 
 from opforge.builder import stable, toolchain
 from opforge.builder.child import verify_load
-from opforge.builder.discover import CUDA_SUFFIXES
 from opforge.builder.errors import BuildError, explain_build_failure, load_reason, sanitizer_note
+from opforge.builder.flags import by_compiled, in_torch_ninja_file, torch_cxx_flags
 from opforge.builder.pch import Pch, precompiled_header
 from opforge.builder.progress import Progress
 from opforge.builder.recipe import BuildConfig, Library
-from opforge.builder.registrations import refuse_clashes
-from opforge.builder.source_flags import by_compiled, in_torch_ninja_file
+from opforge.builder.sources import CUDA_SUFFIXES
 from opforge.builder.store import cache_root, exclusive
-from opforge.builder.symbols import undefined_symbol_error
-from opforge.builder.torch_flags import torch_cxx_flags
+from opforge.builder.symbols import refuse_clashes, undefined_symbol_error
 
 _MARKER = "COMPLETE.json"
 

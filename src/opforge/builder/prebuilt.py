@@ -29,9 +29,8 @@ from opforge.builder.archs import arch_covered
 from opforge.builder.config import library_config, want_cuda
 from opforge.builder.errors import BuildError, load_reason, runtime_not_first, sanitizer_note
 from opforge.builder.jit import BuildConfig, Library, check_safe_to_load, load_library
-from opforge.builder.registrations import refuse_clashes, torch_library_registrations
 from opforge.builder.stable import parse_target
-from opforge.builder.symbols import undefined_symbol_error
+from opforge.builder.symbols import refuse_clashes, torch_library_registrations, undefined_symbol_error
 from opforge.elf_symbols import ElfError, check_complete, demangle, read_dynamic_symbols
 
 #: ``OPFORGE_LIBRARY``: auto (the prebuilt library when it fits, else JIT), prebuilt, jit;

@@ -46,7 +46,7 @@ class Progress:
     def status(self, elapsed: float) -> str:
         """The progress line: "[k/N]", k of the N translation units compiled (the
         link is not one of them), and the build's name, as the builds of a
-        setup.py's extensions run at once (opforge.builder.parallel)."""
+        setup.py's extensions run at once (opforge.builder.many)."""
         done = max(0, min(self.total, self._compiled() - self._before))  # ninja may recompact its log
         return f"opforge: compiling {self.name} [{done}/{self.total}] {elapsed:4.0f} s"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from opforge.builder.discover import headers_under
+from opforge.builder.sources import headers_under
 
 # Bumped when the layout of a cache entry or the build recipe changes.
 _CACHE_FORMAT = "2"
@@ -58,7 +58,7 @@ class BuildConfig:
     # build of many .cpp files; two units (the op library's) gain nothing from it.
     pch_headers: tuple[str, ...] = ()
     # The .cpp sources that get ``pch_headers``, where only some should: each
-    # one begins with exactly those headers (opforge.builder.user_pch), and is
+    # one begins with exactly those headers (opforge.builder.pch), and is
     # compiled from a generated file that includes the header, then it. The
     # headers are torch's, found without ``include_dirs``, so one precompiled
     # header serves every folder. Empty: every .cpp source, by ``-include``.

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from opforge.builder.archs import cuda_home
-from opforge.builder.discover import CUDA_SUFFIXES
 from opforge.builder.errors import BuildError, explain_build_failure
-from opforge.builder.source_flags import SourceFlags, scoped_flags
-from opforge.builder.torch_flags import torch_cxx_flags
+from opforge.builder.flags import scoped_flags, torch_cxx_flags
+from opforge.builder.recipe import SourceFlags
+from opforge.builder.sources import CUDA_SUFFIXES
 
 if TYPE_CHECKING:
-    from opforge.builder.jit import BuildConfig
     from opforge.builder.progress import Progress
+    from opforge.builder.recipe import BuildConfig
     from opforge.builder.toolchain import Toolchain
 
 #: The first torch of the versioned stable ABI, and opforge's own library's target.

@@ -7,7 +7,7 @@ import datetime
 
 from rich.table import Table
 
-from opforge.builder import cache
+from opforge.builder import store as cache
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import cache_root
 from opforge.cli.render import out

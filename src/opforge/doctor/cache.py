@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opforge.builder import cache as build_cache
+from opforge.builder import store as build_cache
 from opforge.builder.config import library_config
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import cache_root, complete_library

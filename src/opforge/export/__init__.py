@@ -41,7 +41,7 @@ import torch
 
 import opforge
 from opforge.builder.jit import cache_root
-from opforge.builder.registrations import torch_library_registrations
+from opforge.builder.symbols import torch_library_registrations
 from opforge.builder.toolchain import STATIC_FIX, choose, links_libstdcxx_statically
 from opforge.elf_symbols import ElfError, check_complete
 from opforge.export.shims import ShimLibrary, build_shim_library, plan

@@ -16,7 +16,7 @@ import torch
 from opforge.builder.child import kill_group, popen
 
 if TYPE_CHECKING:
-    from opforge.builder.kernel_builder import Result
+    from opforge.folders.kernel_builder.build import Result
 
 
 # Run as `python -c _CHECK SPEC` in new processes, one to import the torch-ext

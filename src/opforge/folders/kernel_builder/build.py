@@ -40,11 +40,16 @@ import torch
 
 from opforge.builder.archs import arch_number, cuda_archs, cuda_home, gencode_flags
 from opforge.builder.config import build_cuda_flag, want_cuda
-from opforge.builder.describe import cuda_unavailable
-from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, HEADER_SUFFIXES
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import build_library, cache_root
-from opforge.builder.kernel_builder_layout import (
+from opforge.builder.recipe import BuildConfig, SourceGroup
+from opforge.builder.sources import CPP_SUFFIXES, CUDA_SUFFIXES, HEADER_SUFFIXES
+from opforge.builder.stable import target_flag
+from opforge.builder.store import exclusive
+from opforge.builder.toolchain import nvcc_version
+from opforge.elf_symbols import read_dynamic_symbols
+from opforge.folders.describe import cuda_unavailable
+from opforge.folders.kernel_builder.layout import (
     REGISTRATION_H,
     Variant,
     place_in_torch_ext,
@@ -53,13 +58,8 @@ from opforge.builder.kernel_builder_layout import (
     variant_name,
     write_variant,
 )
-from opforge.builder.kernel_builder_toml import BUILD_TOML, BUILT_BACKENDS, Kernel, KernelBuilderError, Project, read_project
-from opforge.builder.package import write_generated
-from opforge.builder.recipe import BuildConfig, SourceGroup
-from opforge.builder.stable import target_flag
-from opforge.builder.store import exclusive
-from opforge.builder.toolchain import nvcc_version
-from opforge.elf_symbols import read_dynamic_symbols
+from opforge.folders.kernel_builder.toml import BUILD_TOML, BUILT_BACKENDS, Kernel, KernelBuilderError, Project, read_project
+from opforge.folders.package import write_generated
 
 #: The macro each backend's build defines (kernel-builder's), which torch_binding.cpp tests.
 _DEFINES = {"cpu": ("-DCPU_KERNEL",), "cuda": ("-DCUDA_KERNEL", "-DUSE_CUDA=1")}

@@ -1,4 +1,18 @@
-"""Flags of some sources alone (``BuildConfig.groups``), given to ninja as the
+"""Compiler flags: torch's own, ``OPFORGE_BUILD_CUDA``, and flags of some sources alone.
+
+``torch_cxx_flags``: the flags torch's JIT builder compiles C++ sources with.
+A precompiled header must be built with the flags of the files that use it.
+Torch decides part of them (``-std=c++17`` or ``c++20`` by version, ``-fPIC``,
+its macros and include paths) inside its ninja writer, which is not public:
+rather than copy its logic, which changes between versions, let torch build an
+empty library once and read the ``cflags`` it wrote into ``build.ninja``.
+Cached per torch and Python under the build cache (about half a second, once).
+
+``build_cuda_flag``: ``OPFORGE_BUILD_CUDA``, read in one place, below the build
+configurations (``opforge.builder.config``), so that what explains a load failure
+(``opforge.builder.symbols``) can read it without importing every build's definition.
+
+``by_compiled``, ``scoped_flags``: flags of some sources alone (``BuildConfig.groups``), given to ninja as the
 compile step of each such source: ``cxxflags = $cxxflags -mavx512f`` under its
 ``build`` line, so that the rest of the library never sees them.
 
@@ -11,17 +25,74 @@ torch writes, before ninja runs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shlex
+import sys
+import sysconfig
+import tempfile
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
+from opforge.builder import store
 from opforge.builder.errors import BuildError
 from opforge.builder.recipe import BuildConfig, SourceFlags
+
+_FORMAT = "1"
+
+
+def torch_cxx_flags() -> list[str]:
+    """torch's own C++ flags for a JIT build, without the per-library
+    ``-DTORCH_EXTENSION_NAME`` (the precompiled headers don't use it) and
+    without the caller's extra flags, which follow them on the command line."""
+    # lazy: import time (torch.utils.cpp_extension, 40 ms; `import opforge` loads this module)
+    from torch.utils import cpp_extension
+
+    where = [str(Path(torch.__file__).parent), sys.implementation.cache_tag, sysconfig.get_path("include")]
+    ident = "\0".join([_FORMAT, torch.__version__, *where])
+    record = store.cache_root() / "toolchain" / f"torch-cflags-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+    known = store.read_json(record)
+    if isinstance(known, list):
+        return known
+    with tempfile.TemporaryDirectory(prefix="opforge-flags-") as tmp:
+        src = Path(tmp) / "empty.cpp"
+        src.write_text("")
+        cpp_extension.load(
+            name="opforge_torch_flags",
+            sources=[str(src)],
+            build_directory=tmp,
+            is_python_module=False,
+            verbose=False,
+        )
+        line = next(ln for ln in (Path(tmp) / "build.ninja").read_text().splitlines() if ln.startswith("cflags = "))
+    flags = [f for f in shlex.split(line.removeprefix("cflags = ")) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    store.write_json(record, flags)
+    return flags
+
+
+_YES = ("1", "true", "yes", "on")
+_NO = ("0", "false", "no", "off")
+
+
+def build_cuda_flag() -> bool | None:
+    """``OPFORGE_BUILD_CUDA``, the one place it is read: True or False when set
+    (1/0, true/false, yes/no, on/off, in any case), None when unset or empty.
+    Any other value is a BuildError: a typo must not quietly mean "off"."""
+    raw = os.environ.get("OPFORGE_BUILD_CUDA", "")
+    value = raw.strip().lower()
+    if not value:
+        return None
+    if value in _YES or value in _NO:
+        return value in _YES
+    raise BuildError(
+        f"opforge: OPFORGE_BUILD_CUDA={raw!r} is neither on nor off: set it to 1 or 0 (or true/false, yes/no, on/off), "
+        "or unset it for the default (CUDA kernels when torch has CUDA and nvcc is found)"
+    )
+
 
 # A compile step of torch's ninja file: "build a.o: compile /abs/a.cpp" (a space in the path as "$ ").
 _TORCH_STEP = re.compile(r"build (?P<obj>\S+): (?P<rule>compile|cuda_compile) (?P<src>.+)")
@@ -92,4 +163,4 @@ def _add(ninja: Path, own: Mapping[Path, SourceFlags]) -> None:
         ninja.write_text(new)
 
 
-__all__ = ["by_compiled", "in_torch_ninja_file", "scoped_flags"]
+__all__ = ["build_cuda_flag", "by_compiled", "in_torch_ninja_file", "scoped_flags", "torch_cxx_flags"]

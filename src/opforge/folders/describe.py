@@ -12,8 +12,9 @@ import torch
 
 from opforge.builder.archs import cuda_home
 from opforge.builder.config import build_cuda_flag, want_cuda
-from opforge.builder.discover import Layout, foreign_name, library_name, skipped_name
-from opforge.builder.user_pch import plan
+from opforge.builder.pch import plan
+from opforge.builder.sources import library_name
+from opforge.folders.discover import Layout, foreign_name, skipped_name
 
 
 def cuda_unavailable() -> str | None:

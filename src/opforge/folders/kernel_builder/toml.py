@@ -1,5 +1,5 @@
 """The build.toml of a Hugging Face kernel-builder project, read and checked
-before anything compiles (opforge.builder.kernel_builder builds it).
+before anything compiles (opforge.folders.kernel_builder builds it).
 
 ``read_project`` takes what kernel-builder's ``build.toml`` says: ``[general]``
 (``name``, ``version``, ``license``, ``backends``, ``python-depends``,
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from opforge.builder.discover import DiscoveryError
+from opforge.builder.sources import DiscoveryError
 from opforge.builder.stable import parse_target
 
 BUILD_TOML = "build.toml"

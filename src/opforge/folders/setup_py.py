@@ -7,8 +7,8 @@ variable) with ``setuptools.setup`` replaced by a function that records its
 ``CUDAExtension`` recording what the author passed, before torch adds its own
 paths and libraries (the engine adds those itself). ``build_ext`` does not
 run, so nothing is compiled by it, but the rest of the setup.py's code does
-(what it writes is written), as under pip: only ``opforge.builder.plan`` reads
-a setup.py without running it (the script is ``opforge.builder.setup_py_reader``'s).
+(what it writes is written), as under pip: only ``opforge.folders.plan`` reads
+a setup.py without running it (the script is ``opforge.folders.setup_py_reader``'s).
 A setup.py that fails by itself (said in one line, at its line, as the
 project's failure), never calls ``setup()`` or runs past ``READ_TIMEOUT_S``
 (the whole process group is ended then) is an error that names it.
@@ -46,12 +46,12 @@ from opforge.builder.archs import (
 )
 from opforge.builder.child import run_bounded
 from opforge.builder.config import env_cxxflags
-from opforge.builder.discover import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, extension_suffix
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig
-from opforge.builder.package_init import abi3_suffix
-from opforge.builder.setup_py_reader import READER, own_failure
-from opforge.builder.user_pch import with_torch_pch
+from opforge.builder.pch import with_torch_pch
+from opforge.builder.sources import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError
+from opforge.folders.package_init import abi3_suffix, extension_suffix
+from opforge.folders.setup_py_reader import READER, own_failure
 
 #: A setup.py mostly declares: a minute covers importing torch on a loaded machine.
 READ_TIMEOUT_S = 120.0

@@ -21,7 +21,7 @@ from opforge.builder import toolchain
 from opforge.builder.child import run_bounded
 from opforge.builder.config import env_cxxflags
 from opforge.builder.errors import BuildError
-from opforge.builder.parallel import jobs
+from opforge.builder.many import jobs
 from opforge.builder.store import cache_root
 
 # NAME or NAME:TYPE, as `cmake -D NAME[:TYPE]=VALUE` takes it; the types are CMake's cache entry types.

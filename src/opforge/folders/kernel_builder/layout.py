@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opforge.builder.discover import extension_suffix
-from opforge.builder.kernel_builder_toml import Project
-from opforge.builder.package import place_library
+from opforge.folders.kernel_builder.toml import Project
+from opforge.folders.package import place_library
+from opforge.folders.package_init import extension_suffix
 
 if TYPE_CHECKING:
     from opforge.builder.jit import BuildConfig

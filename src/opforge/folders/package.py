@@ -1,5 +1,5 @@
 """The package route of ``opforge build PATH``: a package whose ``__init__``
-imports a compiled ``_C`` (``opforge.builder.discover.Package``) gets its
+imports a compiled ``_C`` (``opforge.folders.package_init.Package``) gets its
 sources built by the JIT engine (cache, lock, progress, compiler errors) into a
 library named ``_C``, copied into the package as ``_C<EXT_SUFFIX>``, where
 ``build_ext --inplace`` would put it, so that the package imports with no pip step.
@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 from opforge.builder.archs import cuda_archs, gencode_flags
 from opforge.builder.child import load_failure, run_bounded
 from opforge.builder.config import env_cxxflags, want_cuda
-from opforge.builder.discover import DiscoveryError, Layout, Package
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig, cache_root
-from opforge.builder.user_pch import with_torch_pch
+from opforge.builder.pch import with_torch_pch
+from opforge.builder.sources import DiscoveryError
 from opforge.elf_symbols import ElfError, read_dynamic_symbols
+from opforge.folders.discover import Layout
+from opforge.folders.package_init import Package
 
 if TYPE_CHECKING:
     from opforge.builder.jit import BuildConfig

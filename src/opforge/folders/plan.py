@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from opforge.builder.cmake import definitions
 from opforge.builder.config import folder_config
-from opforge.builder.discover import Layout, shown_path
 from opforge.builder.errors import BuildError
 from opforge.builder.inline import folder_module_name, pybind_folder_config
 from opforge.builder.jit import cache_root, module_name
+from opforge.builder.sources import shown_path
+from opforge.folders.cmake import definitions
+from opforge.folders.discover import Layout
 
 # What a real build of each route runs of the folder's own code, as pip or cmake would.
 RUNS = {

@@ -1,4 +1,4 @@
-"""The script that reads a user's ``setup.py`` (``opforge.builder.setup_py.read``
+"""The script that reads a user's ``setup.py`` (``opforge.folders.setup_py.read``
 runs it in a subprocess), and what its record of a failure says.
 
 The script runs the setup.py with ``setuptools.setup`` replaced by a function

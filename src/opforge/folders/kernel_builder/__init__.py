@@ -1,0 +1,2 @@
+"""Hugging Face kernel-builder projects (a ``build.toml``): read, laid out, built
+by the engine and checked."""
