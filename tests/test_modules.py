@@ -470,3 +470,132 @@ def test_every_package_ships_in_the_wheel():
     listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
     packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
     assert packages - listed == set(), f"packages missing from pyproject.toml's [tool.setuptools] packages: {sorted(packages - listed)}"
+
+
+# ----------------------------------------------------------- (e) the drawing
+
+#: The engine: compile, link, cache, toolchain. Readers of users' folders live in ``opforge.folders``.
+ENGINE = "opforge.builder"
+ENGINE_MAX_MODULES = 20
+#: ``opforge build``'s command module parses and prints; the folder package picks the route.
+CLI_BUILD_MAX_LINES = 150
+
+
+def _walk_all_imports(module: str, tree: ast.AST) -> list[Import]:
+    """Every import of an opforge module, ``if TYPE_CHECKING:`` blocks included:
+    a type-only import is still an arrow in the drawing, and a circle through one
+    comes back as a real one the day the annotation is evaluated."""
+    found: list[Import] = []
+
+    def visit(node: ast.AST, local: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend(Import(a.name, node.lineno, local) for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            names = [a.name for a in node.names if f"{base}.{a.name}" not in MODULES]
+            found.extend(Import(f"{base}.{a.name}", node.lineno, local) for a in node.names if f"{base}.{a.name}" in MODULES)
+            if names and base in MODULES:
+                found.append(Import(base, node.lineno, local, names))
+        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+ALL_IMPORTS: dict[str, list[Import]] = {name: _walk_all_imports(name, tree) for name, tree in TREES.items()}
+
+
+def room(module: str) -> str:
+    """A module's room in the drawing: a top-level module is one, a package (with its sub-packages) is one."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def room_arrows(imports: dict[str, list[Import]]) -> dict[str, set[str]]:
+    arrows: dict[str, set[str]] = {}
+    for module, imps in imports.items():
+        for i in imps:
+            if room(i.target) != room(module):
+                arrows.setdefault(room(module), set()).add(room(i.target))
+    return arrows
+
+
+def floors(arrows: dict[str, set[str]], rooms: set[str]) -> dict[str, int]:
+    """Each room's floor: 1 for a room that imports no other, else one above the highest room it imports.
+    Defined only without circles; an arrow then never runs back up."""
+    floor: dict[str, int] = {}
+
+    def of(r: str) -> int:
+        if r not in floor:
+            floor[r] = 1 + max((of(t) for t in arrows.get(r, ())), default=0)
+        return floor[r]
+
+    for r in sorted(rooms):
+        of(r)
+    return floor
+
+
+def test_no_import_cycles_with_type_only_imports_counted():
+    edges = {m: {i.target for i in imports if i.target != m} for m, imports in ALL_IMPORTS.items()}
+    report = []
+    for component in _cycles(edges):
+        members = set(component)
+        report.append("cycle: " + ", ".join(component))
+        report += [
+            f"  {_where(m, i.line)} imports {i.target}" for m in component for i in ALL_IMPORTS[m] if i.target in members and i.target != m
+        ]
+    assert not report, "\n".join(report)
+
+
+def test_the_rooms_form_no_circle_so_no_arrow_runs_back_up():
+    arrows = room_arrows(ALL_IMPORTS)
+    circles = _cycles(arrows)
+    assert not circles, f"rooms that import each other (the drawing has arrows running back up): {circles}"
+    floor = floors(arrows, {room(m) for m in MODULES})
+    up = [(a, b) for a, targets in arrows.items() for b in targets if floor[b] >= floor[a]]
+    assert up == []
+
+
+def test_the_drawing_finds_an_arrow_running_back_up():
+    imports = {
+        "opforge.opspec": [Import("opforge.registry", 1, False)],
+        "opforge.registry": [Import("opforge.opspec", 1, False)],
+        "opforge.check.run": [Import("opforge.registry", 1, False)],
+    }
+    arrows = room_arrows(imports)
+    assert _cycles(arrows) == [["opforge.opspec", "opforge.registry"]]
+    drawn = floors({"opforge.check": {"opforge.registry"}}, {"opforge.check", "opforge.registry"})
+    assert drawn == {"opforge.registry": 1, "opforge.check": 2}
+
+
+def test_the_description_imports_nothing_of_opforge():
+    found = [f"{_where('opforge.opspec', i.line)} imports {i.target}" for i in ALL_IMPORTS["opforge.opspec"]]
+    tree = TREES["opforge.opspec"]
+    found += [
+        f"{_where('opforge.opspec', n.lineno)} imports {n.module}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").split(".")[0] == "opforge")
+    ]
+    assert not found, "opspec describes and imports nothing of opforge:\n" + "\n".join(sorted(set(found)))
+
+
+def test_the_engine_is_at_most_20_modules_and_imports_no_reader_of_users_folders():
+    engine = sorted(m for m in MODULES if m == ENGINE or m.startswith(ENGINE + "."))
+    assert len(engine) <= ENGINE_MAX_MODULES, f"{len(engine)} modules in {ENGINE} (at most {ENGINE_MAX_MODULES}): {engine}"
+    up = [
+        f"{_where(m, i.line)} imports {i.target}"
+        for m in engine
+        for i in ALL_IMPORTS[m]
+        if room(i.target) in ("opforge.folders", "opforge.cli", "opforge.check", "opforge.bench", "opforge.project")
+    ]
+    assert not up, "the engine imports what stands above it:\n" + "\n".join(up)
+
+
+def test_opforge_build_command_parses_and_prints():
+    lines = len(MODULES["opforge.cli.build"].read_text().splitlines())
+    assert lines <= CLI_BUILD_MAX_LINES, f"cli/build.py is {lines} lines: its route logic belongs in opforge.folders"
+    allowed = (".errors", ".archs")  # a build error to print, the architectures to name
+    engine = [i.target for i in ALL_IMPORTS["opforge.cli.build"] if room(i.target) == ENGINE and not i.target.endswith(allowed)]
+    assert not engine, f"cli/build.py drives the engine itself ({engine}): the folder package picks the route and calls the engine"
