@@ -64,19 +64,18 @@ def _exited_pid() -> int:
     return int(proc.stdout)
 
 
-def test_a_failed_fast_path_builds_log_is_listed_and_cleaned_once_its_starter_is_gone(root):
+def test_a_failed_fast_path_builds_log_is_listed_and_cleaned_once_its_starter_is_gone(root, opforge_here):
     # The log of a background build that failed after the process that started it had exited:
     # no one reads it. A log whose starter is alive (this process) is that process's to read.
     orphan = root / f"opforge_fast-build-{_exited_pid()}.log"
     orphan.write_text("error: the compiler said no\n")
     live = root / f"opforge_fast-build-{os.getpid()}.log"
     live.write_text("building\n")
-    env = {**os.environ, "OPFORGE_NO_AUTOLOAD": "1", "COLUMNS": "200"}
 
     def opforge(*args: str) -> str:
-        res = subprocess.run([sys.executable, "-m", "opforge", *args], env=env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stdout + res.stderr
-        return res.stdout
+        code, out, err = opforge_here(*args)
+        assert code == 0, out + err
+        return out
 
     # While a build of the fast path holds its lock, the log may be that build's own: it is kept.
     with open(root / f"opforge_fast-{'ab' * 8}.objects.lock", "a+") as held:
