@@ -131,7 +131,9 @@ def opforge_here(capsys, monkeypatch):
         try:
             code = cli.main(list(args))
         except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
+            if isinstance(stop.code, str):  # as Python does at a process's exit: the message on stderr, status 1
+                print(stop.code, file=sys.stderr)
+            code = stop.code if isinstance(stop.code, int) else 1 if stop.code is not None else 0
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 
