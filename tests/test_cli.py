@@ -12,7 +12,7 @@ import pytest
 
 import opforge
 
-from .conftest import SRC, opforge_process
+from .conftest import SRC
 
 
 def test_check_passes_and_prints_the_table(opforge_here):
@@ -25,10 +25,10 @@ def test_check_passes_and_prints_the_table(opforge_here):
     assert "seed 7" in err
 
 
-def test_check_unknown_op_is_a_clear_error():
-    res = opforge_process("check", "no_such_op")
-    assert res.returncode == 2, "a usage error, not a failed check"
-    assert "no operator named 'no_such_op'; known: add, add_out" in res.stderr
+def test_check_unknown_op_is_a_clear_error(opforge_here):
+    code, _, err = opforge_here("check", "no_such_op")
+    assert code == 2, "a usage error, not a failed check"
+    assert "no operator named 'no_such_op'; known: add, add_out" in err
 
 
 @pytest.mark.parametrize(
