@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opforge.builder import BuildError, cache, check_safe_to_load
+from opforge.builder import BuildError, check_safe_to_load, store
 from opforge.builder.prebuilt import explain_load_error, load_library_file
 
 
@@ -39,7 +39,7 @@ def test_list_reports_complete_and_debris(root):
     _entry(root, "lib_a", complete=True)
     _entry(root, "lib_b", complete=False)
     (root / "ceilings").mkdir()  # not an entry
-    found = {e.name: e for e in cache.entries()}
+    found = {e.name: e for e in store.entries()}
     assert set(found) == {"lib_a", "lib_b"}
     assert found["lib_a"].complete and found["lib_a"].build_seconds == 2.5 and found["lib_a"].size >= 1000
     assert not found["lib_b"].complete
@@ -51,12 +51,12 @@ def test_clean_older_than_keeps_recent_and_busy(root):
     busy = _entry(root, "busy", complete=True, age_days=10)
     with open(root / f"{busy.name}.lock", "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # a build in progress
-        removed, kept = cache.clean(older_than_days=7)
+        removed, kept = store.clean(older_than_days=7)
     assert [e.name for e in removed] == ["old"] and [e.name for e in kept] == ["busy"]
     assert not old.exists() and new.exists() and busy.exists()
-    removed, kept = cache.clean()
+    removed, kept = store.clean()
     assert {e.name for e in removed} == {"new", "busy"} and not kept
-    assert cache.entries() == []
+    assert store.entries() == []
 
 
 def _exited_pid() -> int:
@@ -80,10 +80,10 @@ def test_a_failed_fast_path_builds_log_is_listed_and_cleaned_once_its_starter_is
     # While a build of the fast path holds its lock, the log may be that build's own: it is kept.
     with open(root / f"opforge_fast-{'ab' * 8}.objects.lock", "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        assert cache.failed_build_logs() == []
+        assert store.failed_build_logs() == []
     listed = opforge("cache", "list")
     assert f"a failed build of the eager fast path left its log: {orphan}" in listed and live.name not in listed
-    assert cache.clean_failed_build_logs(older_than_days=7) == []  # written just now
+    assert store.clean_failed_build_logs(older_than_days=7) == []  # written just now
     assert orphan.exists()
     cleaned = opforge("cache", "clean")
     assert f"removed {orphan.name} (the log of a failed build of the eager fast path)" in cleaned
@@ -100,10 +100,10 @@ def test_inline_sources_and_other_routes_are_listed_and_cleaned(root):
     cmake = root / f"cmake-user_op-{'cd' * 8}"
     cmake.mkdir()
     (cmake / "CMakeCache.txt").write_text("")
-    found = {e.name: e for e in cache.entries()}
+    found = {e.name: e for e in store.entries()}
     assert {"inline/strings_op", "inline/fresh_op", "cmake-user_op"} <= set(found)
     assert found["cmake-user_op"].complete and found["inline/strings_op"].complete
-    removed, _ = cache.clean(older_than_days=7)
+    removed, _ = store.clean(older_than_days=7)
     assert [e.name for e in removed] == ["inline/strings_op"]
     assert not src.exists() and fresh.exists()
     # Reusing the same strings marks the folder as used now.
@@ -188,7 +188,7 @@ def test_read_only_cache_dir_is_named_with_the_fix(root, monkeypatch):
     monkeypatch.setenv("OPFORGE_LIBRARY", "jit")
     with pytest.raises(store.CacheDirError, match=rf"OPFORGE_CACHE_DIR={root} cannot be written by you \(mode 0700\): chmod 700 {root}"):
         load_op_library()
-    assert [e.name for e in cache.entries()] == ["lib_a"], "listing needs no write access"
+    assert [e.name for e in store.entries()] == ["lib_a"], "listing needs no write access"
     with pytest.raises(SystemExit) as info:
         cli.main(["cache", "clean"])
     assert str(info.value.code).startswith(f"opforge: OPFORGE_CACHE_DIR={root} cannot be written by you")
