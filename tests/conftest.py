@@ -156,6 +156,14 @@ def opforge_process(*args: str, cwd: Path | None = None, autoload: bool = True, 
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+def write(root: Path, files: dict[str, str]) -> Path:
+    """Each of ``files`` (path relative to ``root``: text) written, folders made; ``root`` back."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
 def load_script(path: Path, name: str) -> ModuleType:
     """A script of the repository (``scripts/``, ``benchmarks/``), not a package, imported as module ``name``."""
     spec = importlib.util.spec_from_file_location(name, path)

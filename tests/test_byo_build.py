@@ -30,18 +30,11 @@ from opforge.folders.describe import describe
 from opforge.folders.discover import discover
 from opforge.folders.package_init import extension_suffix, imports_c
 
-from .conftest import SRC
+from .conftest import SRC, write
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # What describe says of the CUDA sources on a machine that cannot build them, fixed for the tests.
 NO_CUDA = "torch 2.13.0+cpu has no CUDA"
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
 
 
 def copy_fixture(tmp_path: Path, name: str) -> Path:

@@ -14,14 +14,9 @@ import opforge.builder
 from opforge.folders.route import RouteError, Target, build_folder, project_route
 from opforge.project import ProjectError
 
+from .conftest import write
+
 OPS = '#include <torch/library.h>\nTORCH_LIBRARY(mine, m) { m.def("twice(Tensor x) -> Tensor"); }\n'
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    return root
 
 
 def project(root: Path) -> Path:

@@ -63,13 +63,15 @@ def _type_checking_only(node: ast.If) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _walk_imports(module: str, tree: ast.AST) -> list[Import]:
-    """Every import of an opforge module, at module level or in a function
-    (``if TYPE_CHECKING:`` blocks left out: they never run)."""
+def _walk_imports(module: str, tree: ast.AST, *, type_only: bool = False) -> list[Import]:
+    """Every import of an opforge module, at module level or in a function;
+    ``if TYPE_CHECKING:`` blocks (which never run) only with ``type_only``: a
+    type-only import is still an arrow in the drawing, and a circle through one
+    comes back as a real one the day the annotation is evaluated."""
     found: list[Import] = []
 
     def visit(node: ast.AST, local: bool) -> None:
-        if isinstance(node, ast.If) and _type_checking_only(node):
+        if not type_only and isinstance(node, ast.If) and _type_checking_only(node):
             for child in node.orelse:
                 visit(child, local)
             return
@@ -481,30 +483,7 @@ ENGINE_MAX_MODULES = 20
 CLI_BUILD_MAX_LINES = 150
 
 
-def _walk_all_imports(module: str, tree: ast.AST) -> list[Import]:
-    """Every import of an opforge module, ``if TYPE_CHECKING:`` blocks included:
-    a type-only import is still an arrow in the drawing, and a circle through one
-    comes back as a real one the day the annotation is evaluated."""
-    found: list[Import] = []
-
-    def visit(node: ast.AST, local: bool) -> None:
-        if isinstance(node, ast.Import):
-            found.extend(Import(a.name, node.lineno, local) for a in node.names if a.name in MODULES)
-        elif isinstance(node, ast.ImportFrom):
-            base = _absolute(module, node)
-            names = [a.name for a in node.names if f"{base}.{a.name}" not in MODULES]
-            found.extend(Import(f"{base}.{a.name}", node.lineno, local) for a in node.names if f"{base}.{a.name}" in MODULES)
-            if names and base in MODULES:
-                found.append(Import(base, node.lineno, local, names))
-        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        for child in ast.iter_child_nodes(node):
-            visit(child, inner)
-
-    visit(tree, False)
-    return found
-
-
-ALL_IMPORTS: dict[str, list[Import]] = {name: _walk_all_imports(name, tree) for name, tree in TREES.items()}
+ALL_IMPORTS: dict[str, list[Import]] = {name: _walk_imports(name, tree, type_only=True) for name, tree in TREES.items()}
 
 
 def room(module: str) -> str:
@@ -599,3 +578,9 @@ def test_opforge_build_command_parses_and_prints():
     allowed = (".errors", ".archs")  # a build error to print, the architectures to name
     engine = [i.target for i in ALL_IMPORTS["opforge.cli.build"] if room(i.target) == ENGINE and not i.target.endswith(allowed)]
     assert not engine, f"cli/build.py drives the engine itself ({engine}): the folder package picks the route and calls the engine"
+
+
+def test_type_only_imports_count_in_the_drawing():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from opforge.registry import wire\n")
+    assert _walk_imports("opforge.opspec", tree) == []
+    assert [i.target for i in _walk_imports("opforge.opspec", tree, type_only=True)] == ["opforge.registry"]

@@ -24,14 +24,9 @@ from opforge.builder.inline import pybind_folder_config
 from opforge.builder.jit import build_library
 from opforge.builder.pch import is_torch_header, plan, torch_prefix, with_torch_pch
 
+from .conftest import write
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
 
 
 @pytest.fixture(autouse=True)

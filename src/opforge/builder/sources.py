@@ -47,6 +47,21 @@ VENDORED = "vendored"
 _MAIN = re.compile(r"^[ \t]*(?:(?:static|extern|inline)\s+)*(?:int|auto|signed)\s+main\s*\(", re.M)
 
 
+class SourceKinds:
+    """``cpp`` and ``cuda``: the C++ and the CUDA files among a dataclass's ``sources``
+    (a folder's tree, a setup.py's extension)."""
+
+    sources: tuple[Path, ...]
+
+    @property
+    def cpp(self) -> tuple[Path, ...]:
+        return tuple(s for s in self.sources if s.suffix in CPP_SUFFIXES)
+
+    @property
+    def cuda(self) -> tuple[Path, ...]:
+        return tuple(s for s in self.sources if s.suffix in CUDA_SUFFIXES)
+
+
 class DiscoveryError(ValueError):
     """The path cannot be built as given: the message names it and says why."""
 
@@ -68,7 +83,7 @@ def skip_reason(folder: Path) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Tree:
+class Tree(SourceKinds):
     """The sources and include folders under ``root``, skipped folders left out."""
 
     root: Path
@@ -85,14 +100,6 @@ class Tree:
     # Sources that define main() and register nothing: a test's or an example's program, left out (linked into
     # one library with the others, each main would clash), and said by describe.
     programs: tuple[Path, ...] = ()
-
-    @property
-    def cpp(self) -> tuple[Path, ...]:
-        return tuple(s for s in self.sources if s.suffix in CPP_SUFFIXES)
-
-    @property
-    def cuda(self) -> tuple[Path, ...]:
-        return tuple(s for s in self.sources if s.suffix in CUDA_SUFFIXES)
 
     @property
     def include_dirs(self) -> tuple[Path, ...]:

@@ -49,7 +49,7 @@ from opforge.builder.config import env_cxxflags
 from opforge.builder.errors import BuildError
 from opforge.builder.jit import BuildConfig
 from opforge.builder.pch import with_torch_pch
-from opforge.builder.sources import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError
+from opforge.builder.sources import CPP_SUFFIXES, CUDA_SUFFIXES, DiscoveryError, SourceKinds
 from opforge.folders.package_init import abi3_suffix, extension_suffix
 from opforge.folders.setup_py_reader import READER, own_failure
 
@@ -58,7 +58,7 @@ READ_TIMEOUT_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
-class SetupExtension:
+class SetupExtension(SourceKinds):
     """One extension of a setup.py, as its author declared it (paths made absolute)."""
 
     name: str  # the module's dotted name, "pkg._C"
@@ -81,14 +81,6 @@ class SetupExtension:
     arch_list: str = ""
     # Where build_ext --inplace puts the library, as setuptools itself said; None where it could not.
     inplace: Path | None = None
-
-    @property
-    def cpp(self) -> tuple[Path, ...]:
-        return tuple(s for s in self.sources if s.suffix in CPP_SUFFIXES)
-
-    @property
-    def cuda(self) -> tuple[Path, ...]:
-        return tuple(s for s in self.sources if s.suffix in CUDA_SUFFIXES)
 
     def macros(self) -> list[str]:
         """The macros as compiler flags, in the order setuptools gives them."""
