@@ -28,7 +28,21 @@ def _alive(pid: int) -> bool:
 def _start(*args: str, cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "OPFORGE_CHECK_IN_PROCESS"}
     env |= {"PYTHONPATH": SRC, "OPFORGE_NO_AUTOLOAD": "1", "OPFORGE_FAST": "0"}
-    return subprocess.Popen([sys.executable, "-m", "opforge", *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "opforge", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_as_from_a_terminal,
+    )
+
+
+def _as_from_a_terminal() -> None:
+    """SIGHUP and SIGINT as a command started from a terminal has them: under nohup or as a
+    shell's background job the suite inherits them ignored, and opforge keeps an ignored signal ignored."""
+    for s in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, signal.SIG_DFL)
 
 
 def _pids_when_started(marker: Path, command: subprocess.Popen, wait: float = 180) -> list[int]:
