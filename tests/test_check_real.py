@@ -63,10 +63,10 @@ def test_a_float32_only_spec_file_passes_when_right_and_fails_when_its_gradient_
     assert "muladd_f32 gradcheck: in float32, the widest dtype the spec declares (dtypes=float32): eps 0.001, atol 0.01, rtol 0.01" in out
     code, out, err = opforge_here("check", str(wrong), "--device", "cpu", "--seed", str(seed), "--checks", "gradcheck")
     assert code == 1, out + err
-    assert _row(out, "real_ops::muladd_f32_wrong_grad")[1] == "FAIL (6/6) float32"
-    assert "x gradcheck: muladd_f32_wrong_grad float32 [scalar]: Jacobian mismatch for output 0 with respect to input 0 (a): numerical" in (
-        out
-    )
+    # A one-element sample may draw a and b within gradcheck's tolerance of each other, where d/da = a is right.
+    assert re.fullmatch(r"FAIL \([4-6]/6\) float32", _row(out, "real_ops::muladd_f32_wrong_grad")[1])
+    first = r"x gradcheck: muladd_f32_wrong_grad float32 \[(scalar|1)\]: "
+    assert re.search(first + r"Jacobian mismatch for output 0 with respect to input 0 \(a\): numerical", out), out
 
 
 def _muladd_f32(wrong: bool = False, **fields):
@@ -81,7 +81,10 @@ def test_gradients_are_checked_in_the_widest_dtype_the_spec_declares(seed):
         assert result.status == "pass" and result.tag == "float32", result.failures
     # Every sample whole in float32: fast mode's projections let a wrong d/da through on the large ones.
     result = check_gradcheck(wrong, CPU, seed)
-    assert result.status == "fail" and len(result.failures) == result.count == 6, result.failures
+    assert result.status == "fail" and result.count == 6, result.failures
+    failed = {f.split(" float32 ", 1)[1].split(":", 1)[0] for f in result.failures}
+    # Every sample of many elements fails; a one-element one may draw a close enough to b to pass.
+    assert {"[7]", "[3x5]", "[33x17]", "[transposed 33x17]"} <= failed, failed
     assert all(" float32 [" in f and "with respect to input 0 (a)" in f for f in result.failures)
     # Half precision alone cannot carry a numerical derivative; float64, where declared, is what runs.
     half = check_gradcheck(opforge.spec(torch.ops.aten.mul.Tensor, reference=torch.mul, dtypes=(torch.float16, torch.bfloat16)), CPU, seed)
