@@ -53,6 +53,18 @@ def _shard(module: QQQLinear, name: str, mesh: DeviceMesh, placement: Any, src_d
         setattr(module, name, distribute_tensor(t, mesh, [placement], src_data_rank=src_data_rank))
 
 
+def _distribute_qqq(style: Any, module: QQQLinear, mesh: DeviceMesh) -> nn.Module:
+    """``module`` distributed by ``style`` (either style below): its ``_partition_qqq`` on the
+    parameters, torch's own input and output preparation around the forward."""
+    return distribute_module(
+        module,
+        mesh,
+        style._partition_qqq,
+        partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts),
+        partial(style._prepare_output_fn, style.output_layouts, style.use_local_output),
+    )
+
+
 class ColwiseParallel(_tp.ColwiseParallel):
     """torch's ``ColwiseParallel``; for a ``QQQLinear``, its packed weight's stripes (output
     columns), per-channel scales, group scales' columns and bias sharded across the mesh."""
@@ -74,13 +86,7 @@ class ColwiseParallel(_tp.ColwiseParallel):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, QQQLinear):
             return super()._apply(module, device_mesh)
-        return distribute_module(
-            module,
-            device_mesh,
-            self._partition_qqq,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_qqq(self, module, device_mesh)
 
 
 class RowwiseParallel(_tp.RowwiseParallel):
@@ -109,10 +115,4 @@ class RowwiseParallel(_tp.RowwiseParallel):
         if not isinstance(module, QQQLinear):
             return super()._apply(module, device_mesh)
         self.desired_input_layouts = (Shard(-1),)
-        return distribute_module(
-            module,
-            device_mesh,
-            self._partition_qqq,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_qqq(self, module, device_mesh)

@@ -7,7 +7,7 @@ is said in ``check_reference`` and ``run_reference``."""
 from __future__ import annotations
 
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -60,25 +60,30 @@ def copy_argument(a: Any) -> Any:
     return a.detach().clone() if isinstance(a, torch.Tensor) else a
 
 
-def own_dtype_reference(
-    spec: OpSpec, sample: Sample, inputs_before: Sequence[torch.Tensor | None], drawn: dict[int, Any]
+def rerun_reference(
+    spec: OpSpec, sample: Sample, inputs_before: Sequence[torch.Tensor | None], drawn: dict[int, Any], convert: Callable[[Any], Any]
 ) -> list[torch.Tensor] | None:
-    """The reference run on the sample's arguments as drawn, in their own dtypes
-    (``inputs_before``: the inputs' copies; ``drawn``: the written arguments'),
-    its outputs followed by what it wrote, as ``run_reference`` pairs them; None
-    where the reference does not run in that dtype."""
-    args = [
-        copy_argument(before if before is not None else drawn.get(i, a))
-        for i, (a, before) in enumerate(zip(sample.args, inputs_before, strict=True))
-    ]
-    kwargs = {k: copy_argument(v) for k, v in sample.kwargs.items()}
+    """The reference run again on the sample's arguments as drawn (``inputs_before``:
+    the inputs' copies; ``drawn``: the written arguments'), each passed through
+    ``convert``: its outputs followed by what it wrote, as ``run_reference`` pairs
+    them; None where the reference does not run on them."""
+    pairs = enumerate(zip(sample.args, inputs_before, strict=True))
+    args = [convert(before if before is not None else drawn.get(i, a)) for i, (a, before) in pairs]
+    kwargs = {k: convert(v) for k, v in sample.kwargs.items()}
     try:
         with torch.no_grad():
             out = spec.reference(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - a reference for float64 only (a half type torch lacks on this device)
+    except Exception:  # noqa: BLE001 - a reference for float64 only, or for signed inputs only: the usual tolerance then
         return None
     returned = tensors(out) if spec.returns_tensor else []  # an in-place reference may return what it wrote into
     return returned + [args[i] for i in spec.mutated_args]
+
+
+def own_dtype_reference(
+    spec: OpSpec, sample: Sample, inputs_before: Sequence[torch.Tensor | None], drawn: dict[int, Any]
+) -> list[torch.Tensor] | None:
+    """The reference run on the sample's arguments in their own dtypes (``rerun_reference``)."""
+    return rerun_reference(spec, sample, inputs_before, drawn, copy_argument)
 
 
 def magnitude_reference(
@@ -99,24 +104,13 @@ def magnitude_reference(
             return torch.where(a.isfinite(), a.abs(), 0.0)
         return a
 
-    args = [
-        magnitude(to_reference(before if before is not None else drawn.get(i, a), device))
-        for i, (a, before) in enumerate(zip(sample.args, inputs_before, strict=True))
-    ]
-    kwargs = {k: magnitude(to_reference(v, device)) for k, v in sample.kwargs.items()}
-    try:
-        with torch.no_grad():
-            out = spec.reference(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - a reference defined for signed inputs only: no scale, the usual tolerance
-        return None
-
     def size(t: torch.Tensor) -> torch.Tensor:
         if t.is_floating_point() or t.is_complex():
             return t.abs().to(torch.float64).nan_to_num(nan=0.0)
         return torch.zeros(t.shape, dtype=torch.float64, device=t.device)  # integer and bool outputs are exact
 
-    returned = tensors(out) if spec.returns_tensor else []
-    return [size(t) for t in returned + [args[i] for i in spec.mutated_args]]
+    outs = rerun_reference(spec, sample, inputs_before, drawn, lambda a: magnitude(to_reference(a, device)))
+    return None if outs is None else [size(t) for t in outs]
 
 
 def argument_name(spec: OpSpec, i: int) -> str:
